@@ -1,0 +1,78 @@
+"""Position-wise feed-forward blocks (kind ``ffn``).
+
+Ungated (Vaswani et al. 2017): act(x W1 + b1) W2 + b2 -- options ``relu``,
+``gelu`` and ``mlp`` (any activation, ``ffn.activation=``).
+
+Gated, the GLU family (Shazeer 2020, "GLU Variants Improve Transformer"):
+(act(x W) * (x V)) W2 with no biases -- ``glu`` (sigmoid), ``reglu`` (relu),
+``swiglu`` (silu), ``geglu`` (gelu). A gated FFN has three matrices instead of
+two, so with ``match_params: true`` (the default) its hidden width is
+round(2/3 * d_ff): the same parameter count as the ungated FFN at d_ff, as in
+the paper's comparison. Set ``ffn.match_params=false`` for the unshrunk
+(x-transformers style, ~1.5x larger) variant.
+"""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from modforge.registry import build, register
+
+
+@dataclass
+class MLPConfig:
+    activation: str = "gelu"
+    bias: bool = True
+
+
+@dataclass
+class ReLUMLPConfig(MLPConfig):
+    activation: str = "relu"
+
+
+@dataclass
+class GatedConfig:
+    activation: str = "silu"
+    bias: bool = False
+    match_params: bool = True  # hidden = round(2/3 d_ff): same parameters as the ungated FFN
+
+
+@register("ffn", "mlp", config=MLPConfig)
+@register("ffn", "gelu", config=MLPConfig)
+@register("ffn", "relu", config=ReLUMLPConfig)
+class MLP(nn.Module):
+    """act(x W1 + b1) W2 + b2"""
+
+    def __init__(self, cfg: MLPConfig, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=cfg.bias)
+        self.act = build("activation", cfg.activation)
+        self.w2 = nn.Linear(d_ff, d_model, bias=cfg.bias)
+        self.hidden = d_ff
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.act(self.w1(x)))
+
+
+def _gated(act: str) -> type:
+    return dataclass(type(f"{act.title()}GatedConfig", (GatedConfig,), {"__annotations__": {"activation": str}, "activation": act}))
+
+
+@register("ffn", "glu", config=_gated("sigmoid"))
+@register("ffn", "reglu", config=_gated("relu"))
+@register("ffn", "swiglu", config=_gated("silu"))
+@register("ffn", "geglu", config=_gated("gelu"))
+class GatedFFN(nn.Module):
+    """(act(x W) * (x V)) W2"""
+
+    def __init__(self, cfg: GatedConfig, d_model: int, d_ff: int):
+        super().__init__()
+        hidden = max(1, round(2 * d_ff / 3)) if cfg.match_params else d_ff
+        self.w_gate_up = nn.Linear(d_model, 2 * hidden, bias=cfg.bias)  # W and V fused
+        self.act = build("activation", cfg.activation)
+        self.w2 = nn.Linear(hidden, d_model, bias=cfg.bias)
+        self.hidden = hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w2(self.act(gate) * up)

@@ -1,0 +1,123 @@
+"""Normalisation layers (kind ``norm``): ``layer``, ``batch``, ``rms``.
+
+Every norm is called as ``norm(x, mask)`` with ``x`` of shape (B, T, C) and
+``mask`` a (B, T) bool tensor, True at real tokens (or None: all real). Only
+``batch`` uses the mask; the others are per-token and ignore it.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modforge.registry import ConfigError, register
+
+
+@register("norm", "layer")
+class LayerNorm(nn.Module):
+    """LayerNorm over the feature dimension: gamma * (x - mean) / sqrt(var + eps) + beta."""
+
+    @dataclass
+    class Config:
+        eps: float = 1e-5
+        bias: bool = True
+
+    def __init__(self, cfg: Config, d_model: int):
+        super().__init__()
+        self.eps = cfg.eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if cfg.bias else None
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+@register("norm", "rms")
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019): gamma * x / RMS(x), no centring and no bias.
+
+    ``eps_placement`` pins the convention. ``inside`` (default) is
+    x / sqrt(mean(x^2) + eps), as torch.nn.RMSNorm, T5 and Llama compute it (and
+    the reference 004); ``outside`` is x / (sqrt(mean(x^2)) + eps), as the
+    reference 000 and 001 write it. They differ only for tiny activations.
+    """
+
+    @dataclass
+    class Config:
+        eps: float = 1e-6
+        eps_placement: str = "inside"  # inside | outside
+
+        def __post_init__(self):
+            if self.eps_placement not in ("inside", "outside"):
+                raise ConfigError(
+                    f"norm.eps_placement={self.eps_placement!r}: allowed values are 'inside' "
+                    "(x / sqrt(mean(x^2) + eps), torch/Llama) and 'outside' (x / (RMS + eps), the references)"
+                )
+
+    def __init__(self, cfg: Config, d_model: int):
+        super().__init__()
+        self.eps = cfg.eps
+        self.inside = cfg.eps_placement == "inside"
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.inside:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        rms = x.float().pow(2).mean(-1, keepdim=True).sqrt()
+        return (x.float() / (rms + self.eps)).type_as(x) * self.weight
+
+
+@register("norm", "batch")
+class MaskedBatchNorm(nn.Module):
+    """BatchNorm over all real tokens of the batch (PowerNorm's masked BN, Shen et al. 2020).
+
+    Training: per-feature mean and biased variance over the tokens where
+    ``mask`` is True, so padding never shifts the statistics; running
+    statistics are updated with ``momentum`` (unbiased variance, as
+    nn.BatchNorm1d). Eval: the running statistics.
+
+    Note for causal models: in training, batch statistics mix positions, so a
+    token's normalisation depends (weakly) on later tokens of the batch. Eval
+    uses running statistics and is strictly causal.
+    """
+
+    @dataclass
+    class Config:
+        eps: float = 1e-5
+        momentum: float = 0.1
+        affine: bool = True
+
+    def __init__(self, cfg: Config, d_model: int):
+        super().__init__()
+        self.eps, self.momentum = cfg.eps, cfg.momentum
+        self.weight = nn.Parameter(torch.ones(d_model)) if cfg.affine else None
+        self.bias = nn.Parameter(torch.zeros(d_model)) if cfg.affine else None
+        self.register_buffer("running_mean", torch.zeros(d_model))
+        self.register_buffer("running_var", torch.ones(d_model))
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if not self.training:
+            return F.batch_norm(
+                x.reshape(-1, x.shape[-1]), self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+            ).view_as(x)
+        flat = x.reshape(-1, x.shape[-1])
+        if mask is None:
+            # all tokens are real: torch's fused kernel (also updates running stats)
+            out = F.batch_norm(flat, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps)
+            self.num_batches_tracked += 1
+            return out.view_as(x)
+        real = flat[mask.reshape(-1)]
+        n = real.shape[0]
+        mean = real.mean(0)
+        var = real.var(0, unbiased=False)
+        with torch.no_grad():
+            unbiased = var * (n / max(n - 1, 1))
+            self.running_mean.lerp_(mean.detach(), self.momentum)
+            self.running_var.lerp_(unbiased.detach(), self.momentum)
+            self.num_batches_tracked += 1
+        out = (x - mean) * torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            out = out * self.weight + self.bias
+        return out

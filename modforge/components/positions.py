@@ -1,0 +1,139 @@
+"""Positional schemes (kind ``pos``): ``sinusoidal``, ``learned``, ``rope``, ``none``.
+
+A scheme can act at three places, and implements only the hooks it needs; the
+model calls all three and never asks which scheme it has:
+
+* ``embed(x, offset)``   -- added to the token embeddings (sinusoidal, learned);
+* ``rotate(t, offset)``  -- applied to queries and keys of self-attention (RoPE);
+* ``attn_bias(tq, tk, offset)`` -- an additive (H, tq, tk) attention bias (ALiBi-style).
+
+``offset`` is the position of the first token of ``x``/``t``: non-zero when
+decoding with a KV cache. One scheme instance is shared by all layers of a stack.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from modforge.registry import ConfigError, register, set_base
+
+
+class PositionalScheme(nn.Module):
+    """Base class: every hook is the identity."""
+
+    def __init__(self, cfg, d_model: int, n_heads: int, max_len: int):
+        super().__init__()
+        self.d_model, self.n_heads, self.max_len = d_model, n_heads, max_len
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x
+
+    def rotate(self, t: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return t
+
+    def attn_bias(self, tq: int, tk: int, offset: int = 0) -> Optional[torch.Tensor]:
+        return None
+
+    def check_length(self, end: int) -> None:
+        if end > self.max_len:
+            raise ValueError(f"sequence of {end} positions exceeds model.max_len={self.max_len}")
+
+
+set_base("pos", PositionalScheme)
+
+
+@register("pos", "none")
+class NoPositions(PositionalScheme):
+    """No positional information (NoPE; a causal mask still breaks symmetry)."""
+
+
+def sinusoid_table(n: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d))."""
+    pos = torch.arange(n, dtype=torch.float64)[:, None]
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * inv)
+    pe[:, 1::2] = torch.cos(pos * inv[: d // 2])
+    return pe.float()
+
+
+@register("pos", "sinusoidal")
+class Sinusoidal(PositionalScheme):
+    """Fixed sinusoidal table added to the embeddings (Vaswani et al. 2017)."""
+
+    @dataclass
+    class Config:
+        base: float = 10000.0
+
+    def __init__(self, cfg: Config, d_model: int, n_heads: int, max_len: int):
+        super().__init__(cfg, d_model, n_heads, max_len)
+        self.register_buffer("pe", sinusoid_table(max_len, d_model, cfg.base), persistent=False)
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        self.check_length(offset + x.shape[1])
+        return x + self.pe[offset : offset + x.shape[1]].to(x.dtype)
+
+
+@register("pos", "learned")
+class Learned(PositionalScheme):
+    """A trained embedding per position (BERT, GPT-2)."""
+
+    def __init__(self, cfg, d_model: int, n_heads: int, max_len: int):
+        super().__init__(cfg, d_model, n_heads, max_len)
+        self.table = nn.Embedding(max_len, d_model)
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        self.check_length(offset + x.shape[1])
+        return x + self.table.weight[offset : offset + x.shape[1]]
+
+
+@register("pos", "rope")
+class RoPE(PositionalScheme):
+    """Rotary embeddings (Su et al. 2021): rotate q and k by angle pos * theta_i, theta_i = base^(-2i/d_head).
+
+    ``pairing`` picks which dimensions form a rotated pair: ``interleaved``
+    pairs (2k, 2k+1) as the paper, GPT-J and the reference 004 do;
+    ``half`` pairs (k, k + d/2), the "rotate half" layout of GPT-NeoX and Llama
+    checkpoints. The two are the same map up to a fixed permutation of head
+    dimensions (see :func:`interleaved_to_half`).
+    """
+
+    @dataclass
+    class Config:
+        base: float = 10000.0
+        pairing: str = "interleaved"  # interleaved | half
+
+        def __post_init__(self):
+            if self.pairing not in ("interleaved", "half"):
+                raise ConfigError(f"pos.pairing={self.pairing!r}: allowed values are 'interleaved' and 'half'")
+
+    def __init__(self, cfg: Config, d_model: int, n_heads: int, max_len: int):
+        super().__init__(cfg, d_model, n_heads, max_len)
+        hd = d_model // n_heads
+        if hd % 2:
+            raise ConfigError(f"pos=rope needs an even head dimension; got d_model/n_heads = {hd}")
+        self.interleaved = cfg.pairing == "interleaved"
+        inv = cfg.base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv  # (max_len, hd/2)
+        self.register_buffer("cos", ang.cos().float(), persistent=False)
+        self.register_buffer("sin", ang.sin().float(), persistent=False)
+
+    def rotate(self, t: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """t: (B, H, T, hd)."""
+        T = t.shape[-2]
+        self.check_length(offset + T)
+        cos = self.cos[offset : offset + T].to(t.dtype)
+        sin = self.sin[offset : offset + T].to(t.dtype)
+        if self.interleaved:
+            x1, x2 = t[..., 0::2], t[..., 1::2]
+            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        x1, x2 = t.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def interleaved_to_half(hd: int) -> torch.Tensor:
+    """Permutation p with rope_half(x[..., p]) == rope_interleaved(x)[..., p]: evens first, then odds."""
+    return torch.cat((torch.arange(0, hd, 2), torch.arange(1, hd, 2)))
+
+

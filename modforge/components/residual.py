@@ -1,0 +1,53 @@
+"""Residual connections (kind ``residual``): where the norm sits around a sub-layer F.
+
+* ``post`` -- x <- N(x + F(x)), the original Transformer (Post-LN); no final norm.
+* ``pre``  -- x <- x + F(N(x)) (Pre-LN, GPT-2 onwards); the stack ends with one
+  final norm, because the residual stream itself is never normalised.
+
+A style declares ``final_norm`` and the stack asks for it; nothing compares names.
+Dropout is applied to F's output before the addition (the paper's residual dropout).
+"""
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from modforge.registry import register, set_base
+
+
+class Residual(nn.Module):
+    """Base class: wraps one sub-layer with its norm and residual dropout."""
+
+    final_norm: bool = False  # does a stack of these blocks need a norm after its last block?
+
+    def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
+        super().__init__()
+        self.norm = norm
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor],
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+set_base("residual", Residual)
+
+
+@register("residual", "post")
+class PostNorm(Residual):
+    """x <- N(x + F(x))"""
+
+    final_norm = False
+
+    def forward(self, x, sublayer, mask=None):
+        return self.norm(x + self.drop(sublayer(x)), mask)
+
+
+@register("residual", "pre")
+class PreNorm(Residual):
+    """x <- x + F(N(x)), plus a final norm after the stack"""
+
+    final_norm = True
+
+    def forward(self, x, sublayer, mask=None):
+        return x + self.drop(sublayer(self.norm(x, mask)))

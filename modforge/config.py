@@ -1,0 +1,73 @@
+"""Config plumbing shared by the entry points: where the YAML lives, checking the
+command line against the registry, and composing in-process (tests, notebooks)."""
+import dataclasses
+from pathlib import Path
+from typing import Iterable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from modforge import registry
+
+_PKG_CONF = Path(__file__).resolve().parent / "conf"  # in an installed wheel
+_SRC_CONF = Path(__file__).resolve().parent.parent / "conf"  # in a source checkout / editable install
+CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
+
+
+def check_overrides(args: Iterable[str]) -> None:
+    """Fail early, with suggestions, on unknown component names and keys in command-line overrides.
+
+    ``norm=rmss`` -> "Unknown norm 'rmss'. Did you mean 'rms'? ..."; also inside
+    sweeps (``norm=layer,rmss``). ``norm.epz=1`` -> the keys any norm accepts.
+    Everything else is left to Hydra.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in args if "=" in a and not a.startswith("-")]
+    if not args:
+        return
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
+        return
+    kinds = set(registry.kinds())
+    for ov in overrides:
+        key = ov.key_or_group.lstrip("+~")
+        if ov.is_delete() or ov.package:
+            continue
+        head, _, sub = key.partition(".")
+        if head not in kinds or head in ("trainer",):
+            continue
+        reg = registry.registry(head)
+        if not sub:
+            values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
+            for v in values:
+                if isinstance(v, str):
+                    reg.get(v)
+        elif "." not in sub:
+            fields = sorted({f.name for e in reg.entries() for f in dataclasses.fields(e.config)} | {"name"})
+            if sub not in fields:
+                raise registry.ConfigError(
+                    f"{key}: no {head} option has a key '{sub}'.{registry.suggest(sub, fields)} "
+                    f"Keys of {head} options: {', '.join(fields)}."
+                )
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    """The resolved config as plain containers, without Hydra's own node."""
+    d = OmegaConf.to_container(cfg, resolve=True)
+    d.pop("hydra", None)
+    return d
+
+
+def compose(overrides: Optional[list] = None, config_name: str = "train") -> DictConfig:
+    """Compose the run config in-process, as ``python -m modforge.train`` would (no output dir)."""
+    from hydra import compose as h_compose
+    from hydra import initialize_config_dir
+
+    registry.load_all()
+    overrides = list(overrides or [])
+    check_overrides(overrides)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return h_compose(config_name, overrides=overrides, return_hydra_config=False)
+
+

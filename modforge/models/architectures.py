@@ -1,0 +1,140 @@
+"""Architectures (kind ``model``): ``decoder_only``, ``encoder_only``, ``encoder_decoder``.
+
+Each is built as ``build("model", cfg.model, parts, vocab_size)`` and selects its
+default task (and through it, its default data) via the registry's ``defaults``.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from modforge.models.blocks import Embedder, Parts, Stack, init_weights
+from modforge.registry import ConfigError, build, register
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    d_ff: Optional[int] = None  # hidden width of the FFN; None = 4 * d_model
+    dropout: float = 0.0
+    max_len: int = 256  # longest sequence (positions table, KV cache capacity)
+    tie_embeddings: bool = True  # output projection shares the token embedding matrix
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper)
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        for key in ("d_model", "n_heads", "n_layers", "max_len"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
+
+    @property
+    def ff(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+
+@dataclass
+class EncoderDecoderConfig(ModelConfig):
+    n_layers: int = 2
+    enc_layers: Optional[int] = None  # None = n_layers
+    dec_layers: Optional[int] = None  # None = n_layers
+
+
+class _LMBase(nn.Module):
+    """Shared pieces: token embedding, its tied (or separate) output projection."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        if vocab_size < 1:
+            raise ConfigError(f"vocab_size={vocab_size}: the data module must set a vocabulary")
+        self.cfg, self.vocab_size = cfg, vocab_size
+        self.tok = nn.Embedding(vocab_size, cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+
+    def _finish(self) -> None:
+        init_weights(self, self.cfg.init_std)
+        if self.cfg.tie_embeddings:
+            self.head.weight = self.tok.weight
+
+    def _embedder(self, parts: Parts) -> Embedder:
+        c = self.cfg
+        return Embedder(self.tok, build("pos", parts.pos, c.d_model, c.n_heads, c.max_len), c.dropout, c.scale_embeddings)
+
+
+@register("model", "decoder_only", config=ModelConfig, defaults={"task": "causal_lm"})
+class DecoderOnly(_LMBase):
+    """GPT-style causal language model."""
+
+    def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
+        super().__init__(cfg, vocab_size)
+        self.embed = self._embedder(parts)
+        self.decoder = Stack(parts, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=True)
+        self._finish()
+
+    def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None, cache: Optional[list] = None,
+                offset: int = 0) -> torch.Tensor:
+        """idx (B, T) -> logits (B, T, V). ``mask`` (B, T) True at real tokens; ``cache`` from :meth:`new_cache`."""
+        x = self.embed(idx, offset)
+        return self.head(self.decoder(x, pos=self.embed.pos, mask=mask, cache=cache))
+
+    def new_cache(self, capacity: Optional[int] = None) -> list:
+        return self.decoder.new_cache(capacity or self.cfg.max_len)
+
+
+@register("model", "encoder_only", config=ModelConfig, defaults={"task": "masked_lm"})
+class EncoderOnly(_LMBase):
+    """BERT-style bidirectional encoder with a (tied) token-prediction head."""
+
+    def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
+        super().__init__(cfg, vocab_size)
+        self.embed = self._embedder(parts)
+        self.encoder = Stack(parts, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=False)
+        self._finish()
+
+    def encode(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx (B, T) -> hidden states (B, T, d_model)."""
+        return self.encoder(self.embed(idx), pos=self.embed.pos, mask=mask)
+
+    def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.head(self.encode(idx, mask))
+
+
+@register("model", "encoder_decoder", config=EncoderDecoderConfig, defaults={"task": "seq2seq"})
+class EncoderDecoder(_LMBase):
+    """The original Transformer: encoder, then a decoder with masked self-attention and cross-attention.
+
+    Source and target share one vocabulary and one embedding matrix (tied to the
+    output projection when ``tie_embeddings``), as in the paper; each side has
+    its own positional scheme instance.
+    """
+
+    def __init__(self, cfg: EncoderDecoderConfig, parts: Parts, vocab_size: int):
+        super().__init__(cfg, vocab_size)
+        enc_n, dec_n = cfg.enc_layers or cfg.n_layers, cfg.dec_layers or cfg.n_layers
+        self.src_embed = self._embedder(parts)
+        self.tgt_embed = self._embedder(parts)
+        self.encoder = Stack(parts, enc_n, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=False)
+        self.decoder = Stack(parts, dec_n, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=True, cross=True)
+        self._finish()
+
+    def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.encoder(self.src_embed(src), pos=self.src_embed.pos, mask=src_mask)
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: Optional[torch.Tensor] = None,
+               tgt_mask: Optional[torch.Tensor] = None, cache: Optional[list] = None, offset: int = 0) -> torch.Tensor:
+        """Teacher-forced (or cached, step by step) decoding: -> logits (B, T, V)."""
+        x = self.tgt_embed(tgt, offset)
+        h = self.decoder(x, pos=self.tgt_embed.pos, mask=tgt_mask, memory=memory, memory_mask=src_mask, cache=cache)
+        return self.head(h)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None) -> torch.Tensor:
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+    def new_cache(self, capacity: Optional[int] = None) -> list:
+        return self.decoder.new_cache(capacity or self.cfg.max_len)

@@ -1,0 +1,110 @@
+"""Transformer blocks and stacks, assembled only through the registry.
+
+A :class:`Parts` bundle carries the composed configs of the swappable parts
+(norm, residual, ffn, pos, attention). Every layer builds its own fresh modules
+from it with :func:`modforge.registry.build`, so no two layers share a norm.
+"""
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from modforge.components.attention import KVCache
+from modforge.registry import build, resolve
+
+
+@dataclass
+class Parts:
+    """Configs (names, mappings or DictConfigs) of the parts a model is built from."""
+
+    norm: Any = "layer"
+    residual: Any = "pre"
+    ffn: Any = "gelu"
+    pos: Any = "learned"
+    attention: Any = "mha"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "Parts":
+        """Pick the part groups out of a composed run config (missing groups keep defaults)."""
+        return cls(**{f: cfg[f] for f in cls.__dataclass_fields__ if f in cfg})
+
+
+class Block(nn.Module):
+    """Self-attention (causal or not), optional cross-attention, feed-forward; each in a residual."""
+
+    def __init__(self, parts: Parts, d_model: int, n_heads: int, d_ff: int, dropout: float,
+                 *, causal: bool, cross: bool = False):
+        super().__init__()
+        self.causal = causal
+
+        def residual() -> nn.Module:
+            return build("residual", parts.residual, build("norm", parts.norm, d_model), dropout)
+
+        self.self_attn = build("attention", parts.attention, d_model, n_heads)
+        self.r_self = residual()
+        self.cross_attn = build("attention", parts.attention, d_model, n_heads, cross=True) if cross else None
+        self.r_cross = residual() if cross else None
+        self.ffn = build("ffn", parts.ffn, d_model, d_ff)
+        self.r_ffn = residual()
+
+    def forward(self, x: torch.Tensor, *, pos, mask: Optional[torch.Tensor] = None,
+                memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
+                cache: Optional[dict] = None) -> torch.Tensor:
+        cache = cache or {}
+        x = self.r_self(x, lambda h: self.self_attn(h, pos=pos, causal=self.causal, key_mask=mask,
+                                                   cache=cache.get("self")), mask)
+        if self.cross_attn is not None:
+            x = self.r_cross(x, lambda h: self.cross_attn(h, key_mask=memory_mask, memory=memory,
+                                                         cache=cache.get("cross")), mask)
+        return self.r_ffn(x, self.ffn, mask)
+
+
+class Stack(nn.Module):
+    """N blocks, then a final norm if the residual style asks for one."""
+
+    def __init__(self, parts: Parts, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float,
+                 *, causal: bool, cross: bool = False):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            Block(parts, d_model, n_heads, d_ff, dropout, causal=causal, cross=cross) for _ in range(n_layers)
+        )
+        self.cross = cross
+        self.final_norm = build("norm", parts.norm, d_model) if resolve("residual", parts.residual).final_norm else None
+
+    def new_cache(self, capacity: int) -> list[dict]:
+        return [
+            {"self": KVCache(capacity), **({"cross": KVCache(capacity)} if self.cross else {})} for _ in self.blocks
+        ]
+
+    def forward(self, x: torch.Tensor, *, pos, mask=None, memory=None, memory_mask=None,
+                cache: Optional[list] = None) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = block(x, pos=pos, mask=mask, memory=memory, memory_mask=memory_mask,
+                      cache=cache[i] if cache is not None else None)
+        return self.final_norm(x, mask) if self.final_norm is not None else x
+
+
+class Embedder(nn.Module):
+    """Token embedding (optionally scaled by sqrt(d_model), as in the paper), positions, dropout."""
+
+    def __init__(self, tokens: nn.Embedding, pos: nn.Module, dropout: float, scale: bool):
+        super().__init__()
+        self.tokens, self.pos = tokens, pos
+        self.scale = tokens.embedding_dim ** 0.5 if scale else 1.0
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        x = self.tokens(idx)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return self.drop(self.pos.embed(x, offset))
+
+
+def init_weights(model: nn.Module, std: float) -> None:
+    """GPT-2 style: N(0, std) for every Linear and Embedding weight, zero biases."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)

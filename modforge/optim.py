@@ -1,0 +1,117 @@
+"""Optimizers (kind ``optim``) and learning-rate schedules (kind ``scheduler``).
+
+Schedules are multiplicative factors on the optimizer's ``lr``, stepped once
+per optimizer step (step counted from 1), and built by
+``build("scheduler", cfg, optimizer, d_model=..., total_steps=...)``.
+
+* ``noam``     -- lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+  (Vaswani et al. 2017, the reference 001 formula); use it with ``optim.lr=1``
+  so that ``factor`` is the scale (the default ``lr`` of the adam/adamw options
+  is overridden by the vanilla_transformer experiment accordingly).
+* ``cosine``   -- linear warm-up to lr over ``warmup_steps``, cosine decay to
+  ``min_lr_ratio * lr`` at ``total_steps`` (nanoGPT), flat afterwards.
+* ``constant`` -- optional linear warm-up, then constant.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from modforge.registry import ConfigError, register
+
+
+@dataclass
+class AdamConfig:
+    lr: float = 1e-3
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamWConfig(AdamConfig):
+    betas: list = field(default_factory=lambda: [0.9, 0.99])
+    weight_decay: float = 0.1
+    decay_norms_and_biases: bool = False  # nanoGPT/GPT-2: only matrices (dim >= 2) are decayed
+
+
+def _groups(params, weight_decay: float, everything: bool):
+    params = [p for p in params if p.requires_grad]
+    if everything or weight_decay == 0.0:
+        return [{"params": params, "weight_decay": weight_decay}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+@register("optim", "adam", config=AdamConfig)
+def adam(cfg: AdamConfig, params) -> torch.optim.Optimizer:
+    """Adam (Kingma & Ba 2015), the paper's optimizer"""
+    return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+@register("optim", "adamw", config=AdamWConfig)
+def adamw(cfg: AdamWConfig, params) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay); norms, biases and 1-d params not decayed by default"""
+    groups = _groups(params, cfg.weight_decay, cfg.decay_norms_and_biases)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+@dataclass
+class NoamConfig:
+    warmup_steps: int = 4000
+    factor: float = 1.0
+
+
+@dataclass
+class CosineConfig:
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    total_steps: Optional[int] = None  # None: the trainer's max_steps
+
+
+@dataclass
+class ConstantConfig:
+    warmup_steps: int = 0
+
+
+def noam_factor(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    step = max(step, 1)
+    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def cosine_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if step >= total:
+        return min_ratio
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - min_ratio)
+
+
+@register("scheduler", "noam", config=NoamConfig)
+def noam(cfg: NoamConfig, optimizer, *, d_model: int, total_steps: Optional[int] = None) -> LambdaLR:
+    """lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"""
+    if cfg.warmup_steps < 1:
+        raise ConfigError(f"scheduler.warmup_steps={cfg.warmup_steps}: noam needs >= 1")
+    # LambdaLR calls the lambda with 0 before the first step: count optimizer steps from 1
+    return LambdaLR(optimizer, lambda s: noam_factor(s + 1, d_model, cfg.warmup_steps, cfg.factor))
+
+
+@register("scheduler", "cosine", config=CosineConfig)
+def cosine(cfg: CosineConfig, optimizer, *, d_model: int, total_steps: Optional[int] = None) -> LambdaLR:
+    """linear warm-up, cosine decay to min_lr_ratio * lr"""
+    total = cfg.total_steps or total_steps
+    if not total or total <= 0:
+        raise ConfigError("scheduler=cosine needs scheduler.total_steps or a positive trainer.max_steps")
+    return LambdaLR(optimizer, lambda s: cosine_factor(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
+
+
+@register("scheduler", "constant", config=ConstantConfig)
+def constant(cfg: ConstantConfig, optimizer, *, d_model: int, total_steps: Optional[int] = None) -> LambdaLR:
+    """constant lr after an optional linear warm-up"""
+    w = cfg.warmup_steps
+    return LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (w + 1)) if w > 0 else 1.0)

@@ -1,0 +1,376 @@
+"""The component registry: the single source of truth for every swappable part.
+
+One flat namespace per *kind* (``norm``, ``ffn``, ``pos``, ...). A component is a
+class registered under a short name together with a typed config (a dataclass
+with defaults)::
+
+    @register("norm", "scale")
+    class ScaleNorm(nn.Module):
+        @dataclass
+        class Config:
+            eps: float = 1e-5
+
+        def __init__(self, cfg: Config, d_model: int): ...
+
+Registering also stores the config in Hydra's ConfigStore as option ``<name>``
+of the config group ``<kind>`` (the fairseq pattern), so ``norm=scale`` works on
+the command line with no YAML file. Model code never compares variant names: it
+calls :func:`build` with the composed config node and the registry decides.
+
+Built-ins are registered from one explicit place (:mod:`modforge.builtins`);
+third-party packages are discovered through the ``modforge.plugins`` entry-point
+group (:func:`load_plugins`), read once and cached. Nothing here imports torch
+or Lightning, so ``import modforge.registry`` stays cheap.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import importlib.metadata
+import typing
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, List, Optional
+
+BUILTIN = "built-in"
+ENTRY_POINT_GROUP = "modforge.plugins"
+
+KIND_DOCS = {
+    "norm": "normalisation layer (called as norm(x, mask))",
+    "residual": "where the norm sits around each sub-layer",
+    "activation": "element-wise non-linearity used by FFNs",
+    "ffn": "position-wise feed-forward block",
+    "pos": "positional scheme (embedding, rotation or attention bias)",
+    "attention": "multi-head attention",
+    "model": "architecture (and, through it, its default task)",
+    "task": "training objective (a LightningModule) and its default data",
+    "data": "dataset / datamodule",
+    "tokenizer": "text <-> token ids",
+    "optim": "optimizer",
+    "scheduler": "learning-rate schedule",
+}
+
+
+class ModforgeError(Exception):
+    """An error with a message meant for the user, printed without a traceback."""
+
+
+class ConfigError(ModforgeError, ValueError):
+    """A bad configuration value: names the key, the value and what is allowed."""
+
+
+class UnknownComponentError(ConfigError, KeyError):
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class DuplicateComponentError(ModforgeError):
+    pass
+
+
+class AmbiguousComponentError(ConfigError):
+    pass
+
+
+@dataclass
+class Entry:
+    """One registered component."""
+
+    kind: str
+    name: str
+    cls: Any
+    config: type
+    provider: str
+    defaults: dict = field(default_factory=dict)  # other groups this option selects
+    doc: str = ""
+
+    def default_params(self) -> dict:
+        return {f.name: _field_default(f) for f in dataclasses.fields(self.config)}
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return "???"
+
+
+@dataclass
+class _EmptyConfig:
+    pass
+
+
+def suggest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), options, n=3, cutoff=0.5)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+class Registry:
+    """All components of one kind."""
+
+    def __init__(self, kind: str, doc: str = ""):
+        self.kind = kind
+        self.doc = doc
+        self.base: Optional[type] = None
+        self._entries: dict[str, list[Entry]] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> list[Entry]:
+        return [e for n in self.names() for e in self._entries[n]]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def add(self, entry: Entry, *, allow_ambiguous: bool) -> None:
+        if self.base is not None and isinstance(entry.cls, type) and not issubclass(entry.cls, self.base):
+            raise ModforgeError(
+                f"{self.kind} '{entry.name}' ({entry.provider}): {entry.cls.__name__} must subclass "
+                f"{self.base.__module__}.{self.base.__name__}"
+            )
+        existing = self._entries.get(entry.name, [])
+        for old in existing:
+            if old.cls is entry.cls:  # re-import of the same class: idempotent
+                return
+        if existing and not allow_ambiguous:
+            raise DuplicateComponentError(
+                f"{self.kind} '{entry.name}' is registered twice: by {existing[0].provider} "
+                f"({_qualname(existing[0].cls)}) and by {entry.provider} ({_qualname(entry.cls)}). "
+                "Pick another name."
+            )
+        self._entries.setdefault(entry.name, []).append(entry)
+
+    def get(self, name: str) -> Entry:
+        entries = self._entries.get(name)
+        if not entries:
+            avail = ", ".join(f"{n} ({self._entries[n][0].provider})" for n in self.names()) or "none"
+            msg = f"Unknown {self.kind} '{name}'.{suggest(name, self.names())} Available {self.kind} options: {avail}."
+            broken = failed_plugins()
+            if broken:
+                msg += " Plugins that failed to load (the name may come from one of them): " + "; ".join(
+                    f"{d}: {e}" for d, e in broken.items()
+                )
+            raise UnknownComponentError(msg)
+        if len(entries) > 1:
+            provs = " and ".join(f"{e.provider} ({_qualname(e.cls)})" for e in entries)
+            raise AmbiguousComponentError(
+                f"{self.kind} '{name}' is ambiguous: it is provided by {provs}. "
+                "Uninstall one of the packages or ask its author to rename the component."
+            )
+        return entries[0]
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+_REGISTRIES: dict[str, Registry] = {k: Registry(k, d) for k, d in KIND_DOCS.items()}
+_provider_stack: list[str] = []
+_FAILED: dict[str, str] = {}
+_CONFIG_DIRS: list[tuple[str, str]] = []  # (provider, hydra search path)
+
+
+def kinds() -> list[str]:
+    return list(_REGISTRIES)
+
+
+def registry(kind: str) -> Registry:
+    try:
+        return _REGISTRIES[kind]
+    except KeyError:
+        raise UnknownComponentError(
+            f"Unknown component kind '{kind}'.{suggest(kind, kinds())} Kinds: {', '.join(kinds())}."
+        ) from None
+
+
+def set_base(kind: str, base: type) -> None:
+    """Declare the base class every component of ``kind`` must subclass."""
+    registry(kind).base = base
+
+
+@contextlib.contextmanager
+def provider(name: str) -> Iterator[None]:
+    """Attribute registrations made inside this block to ``name``."""
+    _provider_stack.append(name)
+    try:
+        yield
+    finally:
+        _provider_stack.pop()
+
+
+def register(kind: str, name: str, *, config: Optional[type] = None, defaults: Optional[dict] = None) -> Callable:
+    """Class decorator: register ``cls`` as component ``name`` of ``kind``.
+
+    ``config`` is the typed config dataclass; it defaults to the class's nested
+    ``Config`` (an empty config if there is none). ``defaults`` maps other
+    config groups to the option this one selects by default (a model picks its
+    task, a task its data); command-line choices still win.
+    """
+    reg = registry(kind)
+    if not name or not name.replace("_", "").isalnum() or name != name.lower():
+        raise ModforgeError(f"{kind} name {name!r}: use a short lower-case identifier (letters, digits, _)")
+
+    def deco(cls: Any) -> Any:
+        cfg_cls = config if config is not None else getattr(cls, "Config", _EmptyConfig)
+        if not dataclasses.is_dataclass(cfg_cls):
+            raise ModforgeError(f"{kind} '{name}': its config {cfg_cls!r} must be a dataclass")
+        if any(f.name in ("name", "defaults") for f in dataclasses.fields(cfg_cls)):
+            raise ModforgeError(f"{kind} '{name}': config fields 'name' and 'defaults' are reserved")
+        prov = _provider_stack[-1] if _provider_stack else getattr(cls, "__module__", "?")
+        entry = Entry(kind, name, cls, cfg_cls, prov, dict(defaults or {}), (cls.__doc__ or "").strip().split("\n")[0])
+        in_plugin = bool(_provider_stack) and prov != BUILTIN
+        reg.add(entry, allow_ambiguous=in_plugin)
+        if len(reg._entries[name]) == 1:
+            _store_in_hydra(entry)
+        return cls
+
+    return deco
+
+
+def _store_in_hydra(entry: Entry) -> None:
+    try:
+        from hydra.core.config_store import ConfigStore
+    except ImportError:  # hydra is a dependency; tolerate its absence for plain library use
+        return
+    ConfigStore.instance().store(group=entry.kind, name=entry.name, node=hydra_node(entry), provider=entry.provider)
+
+
+def hydra_node(entry: Entry) -> type:
+    """The dataclass Hydra composes for ``<kind>=<name>``: ``name`` first, then the config's fields."""
+    fields: list[tuple] = [("name", str, field(default=entry.name))]
+    if entry.defaults:
+        dl = [{f"/{g}@_global_.{g}": v} for g, v in entry.defaults.items()] + ["_self_"]
+        fields.append(("defaults", List[Any], field(default_factory=lambda dl=dl: list(dl))))
+    hints = typing.get_type_hints(entry.config)  # real types even under `from __future__ import annotations`
+    for f in dataclasses.fields(entry.config):
+        kw = {}
+        if f.default is not dataclasses.MISSING:
+            kw["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            kw["default_factory"] = f.default_factory  # type: ignore[misc]
+        fields.append((f.name, hints.get(f.name, Any), field(**kw)))
+    node = dataclasses.make_dataclass(f"{entry.kind}_{entry.name}", fields)
+    return node
+
+
+def get(kind: str, name: str) -> Entry:
+    return registry(kind).get(name)
+
+
+def make_config(kind: str, cfg: Any) -> tuple[Entry, Any]:
+    """Resolve ``cfg`` (a name, a mapping with ``name``, a DictConfig or a config
+    instance) to its registry entry and a typed config instance."""
+    if isinstance(cfg, str):
+        name, params = cfg, {}
+    elif dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        name = getattr(cfg, "name", None)
+        if name is None:  # a bare Config instance: find its entry by config class
+            matches = [e for e in registry(kind).entries() if isinstance(cfg, e.config)]
+            if len(matches) != 1:
+                raise ConfigError(f"cannot tell which {kind} a {type(cfg).__name__} instance configures")
+            return matches[0], cfg
+        params = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "name"}
+    else:
+        params = _to_dict(cfg)
+        params.pop("defaults", None)
+        name = params.pop("name", None)
+        if name is None:
+            raise ConfigError(f"{kind} config has no 'name' key (got keys {sorted(params)})")
+    entry = get(kind, name)
+    allowed = [f.name for f in dataclasses.fields(entry.config)]
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(
+                f"{kind}.{key}: unknown key for {kind} '{name}'.{suggest(key, allowed)} "
+                f"Allowed keys: {', '.join(allowed) or 'none'}."
+            )
+    try:
+        inst = entry.config(**params)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{kind} '{name}': {e}") from None
+    return entry, inst
+
+
+def _to_dict(cfg: Any) -> dict:
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:
+        pass
+    raise ConfigError(f"expected a component name or a mapping, got {type(cfg).__name__}: {cfg!r}")
+
+
+def build(kind: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+    """Build a fresh component: ``cls(config, *args, **kwargs)``."""
+    entry, inst = make_config(kind, cfg)
+    return entry.cls(inst, *args, **kwargs)
+
+
+def resolve(kind: str, cfg: Any) -> Any:
+    """The registered class for ``cfg`` (for class-level properties, e.g. a residual's final norm)."""
+    return make_config(kind, cfg)[0].cls
+
+
+# --------------------------------------------------------------------------- loading
+
+_builtins_loaded = False
+_plugins_loaded = False
+
+
+def load_builtins() -> None:
+    """Register every built-in component (imports torch and Lightning)."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    with provider(BUILTIN):
+        import modforge.builtins  # noqa: F401  (registration happens on import)
+    _builtins_loaded = True
+
+
+def load_plugins() -> dict[str, str]:
+    """Import every ``modforge.plugins`` entry point once; returns {distribution: error} for failures.
+
+    A failing plugin gives one warning naming its distribution and error and is
+    otherwise skipped, so built-ins and other plugins keep working.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return dict(_FAILED)
+    # Built-ins first: a plugin importing e.g. modforge.components.norms inside provider(label)
+    # would otherwise register the built-ins under the plugin's name, and a plugin that
+    # reuses a built-in name must be recorded as ambiguous, not break load_builtins later.
+    load_builtins()
+    _plugins_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        label = f"{dist.name} {dist.version}" if dist is not None else ep.value
+        try:
+            with provider(label):
+                obj = ep.load()
+                conf = getattr(obj, "MODFORGE_CONFIG_DIR", None)
+                if conf:
+                    _CONFIG_DIRS.append((label, str(conf)))
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not break the rest
+            _FAILED[label] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"modforge plugin {label} ({ep.value}) failed to load: {type(e).__name__}: {e}", stacklevel=2)
+    return dict(_FAILED)
+
+
+def load_all() -> None:
+    load_builtins()
+    load_plugins()
+
+
+def failed_plugins() -> dict[str, str]:
+    return dict(_FAILED)
+
+
+def plugin_config_dirs() -> list[tuple[str, str]]:
+    return list(_CONFIG_DIRS)

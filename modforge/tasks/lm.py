@@ -1,0 +1,115 @@
+"""Language-modelling tasks: ``causal_lm`` (next token) and ``masked_lm`` (BERT-style)."""
+from dataclasses import dataclass
+
+import torch
+
+from modforge.decoding import Stepper, decode
+from modforge.registry import ConfigError, register
+from modforge.tasks.base import Task, TaskConfig, bits
+
+
+@dataclass
+class CausalLMConfig(TaskConfig):
+    sample_chars: int = 200  # length of the end-of-run sample
+    sample_prompt: str = "\n"
+    sample_temperature: float = 0.8
+    sample_top_k: int = 0  # 0: no top-k filter
+
+
+@register("task", "causal_lm", config=CausalLMConfig, defaults={"data": "stdlib"})
+class CausalLM(Task):
+    """Next-token prediction with teacher forcing; reports val loss and bits per character."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = self.xent(self.model(x), y)
+        self.count_tokens(y.numel())
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        loss = self.xent(self.model(x), y, smoothing=0.0)
+        self.log("val/loss", loss, prog_bar=True)
+        # bits per character: nats per token -> bits, times tokens per character of the val text
+        tpc = float(getattr(self, "tokens_per_char", 1.0))
+        self.log("val/bpc", bits(loss.item()) * tpc)
+        return loss
+
+    @torch.no_grad()
+    def generate_text(self, prompt: str, max_new: int, temperature: float = 0.8, top_k: int = 0,
+                      seed: int = 0) -> str:
+        was_training = self.training
+        self.eval()
+        ids = self.tokenizer.encode(prompt) or [self.tokenizer.bos_id]
+        max_new = min(max_new, self.model.cfg.max_len - 1)
+        ids = ids[-(self.model.cfg.max_len - max_new):]
+        prefix = torch.tensor([ids], device=self.device)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        out = decode(Stepper(self.model, prefix), max_new, strategy="sample", temperature=temperature,
+                     top_k=top_k or None, generator=gen, eos_id=self.tokenizer.eos_id)
+        self.train(was_training)
+        return prompt + self.tokenizer.decode(out[0].tolist())
+
+    def summary_sample(self):
+        c = self.cfg
+        if c.sample_chars <= 0:
+            return None
+        return self.generate_text(c.sample_prompt, c.sample_chars, c.sample_temperature, c.sample_top_k)
+
+
+@dataclass
+class MaskedLMConfig(TaskConfig):
+    mask_prob: float = 0.15  # fraction of tokens selected for prediction
+    replace_mask: float = 0.8  # of those: replaced by <mask>
+    replace_random: float = 0.1  # replaced by a random token (the rest stay unchanged)
+
+    def __post_init__(self):
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ConfigError(f"task.mask_prob={self.mask_prob}: must be in (0, 1)")
+        if self.replace_mask + self.replace_random > 1.0:
+            raise ConfigError("task.replace_mask + task.replace_random must be <= 1")
+
+
+@register("task", "masked_lm", config=MaskedLMConfig, defaults={"data": "stdlib"})
+class MaskedLM(Task):
+    """BERT-style masked language modelling (15% of tokens; 80/10/10 replacement); reports masked accuracy."""
+
+    def corrupt(self, x: torch.Tensor, generator=None):
+        """-> (inputs, targets): targets are <pad> (ignored) except at the selected positions."""
+        c, tok = self.cfg, self.tokenizer
+        u = torch.rand(x.shape, generator=generator, device=x.device)
+        selected = torch.rand(x.shape, generator=generator, device=x.device) < c.mask_prob
+        targets = x.masked_fill(~selected, tok.pad_id)
+        inputs = x.clone()
+        inputs[selected & (u < c.replace_mask)] = tok.mask_id
+        rnd = selected & (u >= c.replace_mask) & (u < c.replace_mask + c.replace_random)
+        random_ids = torch.randint(tok.n_special, tok.vocab_size, x.shape, generator=generator, device=x.device)
+        inputs[rnd] = random_ids[rnd]
+        return inputs, targets
+
+    def _step(self, x, generator=None):
+        inputs, targets = self.corrupt(x, generator)
+        logits = self.model(inputs)
+        sel = targets != self.tokenizer.pad_id
+        acc = (logits.argmax(-1)[sel] == targets[sel]).float().mean() if sel.any() else torch.tensor(0.0)
+        return logits, targets, acc, int(sel.sum())
+
+    def training_step(self, batch, batch_idx):
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        logits, targets, acc, n = self._step(x)
+        loss = self.xent(logits, targets)
+        self.count_tokens(x.numel())
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        gen = torch.Generator(device=x.device).manual_seed(batch_idx)  # same masks at every evaluation
+        logits, targets, acc, n = self._step(x, gen)
+        loss = self.xent(logits, targets, smoothing=0.0)
+        self.log("val/loss", loss, prog_bar=True, batch_size=max(n, 1))
+        self.log("val/masked_acc", acc, prog_bar=True, batch_size=max(n, 1))
+        return loss
+
+

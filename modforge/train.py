@@ -1,0 +1,152 @@
+"""Entry point: ``python -m modforge.train [group=option ...] [key=value ...]``.
+
+Thin on purpose: load the registry (built-ins and plugins), check the command
+line, let Hydra compose, then build data, task and Trainer and fit. Any
+:class:`~modforge.registry.ModforgeError` is printed as one line, with no traceback.
+"""
+import inspect
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from modforge import registry
+from modforge.config import CONF_DIR, check_overrides, to_plain
+
+PART_GROUPS = ("model", "task", "data", "norm", "residual", "ffn", "pos", "attention", "optim", "scheduler")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Resolve every component group to its typed config now, before any work is done."""
+    for group in PART_GROUPS:
+        if group in cfg:
+            registry.make_config(group, cfg[group])
+    check_trainer_keys(cfg.trainer)
+
+
+def check_trainer_keys(trainer_cfg: Any) -> None:
+    import lightning as L
+
+    allowed = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
+    for key in trainer_cfg:
+        if key not in allowed:
+            raise registry.ConfigError(
+                f"trainer.{key}: not an argument of lightning.Trainer.{registry.suggest(key, allowed)}"
+            )
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Train one configuration; write config.yaml, checkpoints, CSV logs and metrics.json to ``out_dir``."""
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from modforge.callbacks import TrainTimer
+
+    t_start = time.perf_counter()
+    registry.load_all()
+    validate(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plain = to_plain(cfg)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(plain))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    dm = registry.build("data", cfg.data)
+    tokenizer = dm.prepare()
+    entry, task_cfg = registry.make_config("task", cfg.task)
+    task = entry.cls(task_cfg, plain, tokenizer.state())
+    task.tokens_per_char = dm.stats.get("val_tokens_per_char", 1.0)
+    n_params = sum(p.numel() for p in task.model.parameters())
+
+    timer = TrainTimer()
+    ckpt = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss", mode="min",
+                           save_top_k=1, save_last=True, auto_insert_metric_name=False)
+    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), default_root_dir=str(out_dir),
+                        logger=CSVLogger(str(out_dir), name="logs", version=""),
+                        callbacks=[ckpt, LearningRateMonitor(logging_interval="step"), timer])
+
+    start_loss: Optional[float] = None
+    if cfg.eval_at_start and not cfg.resume:
+        start_loss = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
+    t_fit = time.perf_counter()
+    trainer.fit(task, datamodule=dm, ckpt_path=cfg.resume)
+    fit_seconds = time.perf_counter() - t_fit
+    final = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+
+    metrics = {
+        "val": final,
+        "val_loss_at_start": start_loss,
+        **{k: v for k, v in dm.stats.items() if k == "unigram_val_loss"},
+        "params": n_params,
+        "steps": trainer.global_step,
+        "tokens_seen": task.tokens_seen,
+        "fit_seconds": round(fit_seconds, 2),
+        "train_seconds": round(timer.train_seconds, 2),
+        "tokens_per_sec": round(task.tokens_seen / timer.train_seconds, 1) if timer.train_seconds > 0 else None,
+        "wall_seconds": round(time.perf_counter() - t_start, 2),
+        "checkpoint": ckpt.last_model_path or None,
+        "config": {g: plain[g].get("name") for g in PART_GROUPS if g in plain},
+    }
+    if cfg.sample and trainer.is_global_zero:
+        metrics["sample"] = task.summary_sample()
+    if trainer.is_global_zero:
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        print_summary(metrics, out_dir)
+    return metrics
+
+
+def _val_metrics(results: list) -> dict:
+    out: dict = {}
+    for r in results or []:
+        out.update({k: float(v) for k, v in r.items()})
+    return out
+
+
+def print_summary(m: dict, out_dir: Path) -> None:
+    names = " ".join(f"{k}={v}" for k, v in m["config"].items())
+    print(f"\n== modforge run: {names}")
+    val = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m["val"].items()))
+    print(f"   final      {val}")
+    if m.get("val_loss_at_start") is not None:
+        extra = f" (unigram model: {m['unigram_val_loss']:.4f})" if "unigram_val_loss" in m else ""
+        print(f"   at start   val/loss={m['val_loss_at_start']:.4f}{extra}")
+    tps = m["tokens_per_sec"]
+    print(f"   {m['params']:,} parameters, {m['steps']} steps, {m['tokens_seen']:,} tokens, "
+          f"{m['train_seconds']:.1f} s training ({tps:,.0f} tokens/s), {m['wall_seconds']:.1f} s wall")
+    if m.get("sample"):
+        print("   sample:\n" + "\n".join("   | " + line for line in m["sample"].splitlines()))
+    print(f"   outputs: {out_dir}")
+
+
+def main(argv: Optional[list] = None) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        registry.load_all()
+        check_overrides(argv)
+    except registry.ModforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
+    def _app(cfg: DictConfig) -> Optional[float]:
+        try:
+            m = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        except registry.ModforgeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        loss = m["val"].get("val/loss")
+        return loss if loss is not None and math.isfinite(loss) else None  # for Hydra sweepers
+
+    sys.argv = [sys.argv[0]] + argv
+    _app()
+
+
+if __name__ == "__main__":
+    main()

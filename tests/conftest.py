@@ -1,0 +1,22 @@
+import pytest
+import torch
+
+from modforge import registry
+
+registry.load_builtins()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def tiny_overrides(tmp_path=None, steps: int = 1) -> list[str]:
+    """Overrides that make any default run tiny."""
+    ov = [
+        "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.max_len=64",
+        f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=2",
+    ]
+    if tmp_path is not None:
+        ov.append(f"hydra.run.dir={tmp_path}")
+    return ov

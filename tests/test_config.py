@@ -1,0 +1,38 @@
+import pytest
+
+from modforge.config import compose
+from modforge.registry import UnknownComponentError
+
+
+def test_default_composition_chains_model_task_data():
+    cfg = compose([])
+    assert (cfg.model.name, cfg.task.name, cfg.data.name) == ("decoder_only", "causal_lm", "stdlib")
+    for group, name in [("norm", "layer"), ("residual", "pre"), ("ffn", "gelu"), ("pos", "learned"),
+                        ("optim", "adamw"), ("scheduler", "cosine")]:
+        assert cfg[group].name == name
+
+
+@pytest.mark.parametrize("model,task,data", [("encoder_only", "masked_lm", "stdlib"),
+                                             ("encoder_decoder", "seq2seq", "reverse")])
+def test_model_selects_its_default_task_and_data(model, task, data):
+    cfg = compose([f"model={model}"])
+    assert (cfg.task.name, cfg.data.name) == (task, data)
+
+
+def test_overrides_reach_every_level():
+    cfg = compose(["model=encoder_decoder", "data=sort", "model.n_layers=3", "norm=rms", "norm.eps=1e-5",
+                   "trainer.max_steps=7", "seed=3"])
+    assert cfg.data.name == "sort" and cfg.model.n_layers == 3 and cfg.norm.eps == 1e-5
+    assert cfg.trainer.max_steps == 7 and cfg.seed == 3
+
+
+def test_wrong_type_fails_at_compose_time():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        compose(["model.d_model=big"])
+
+
+def test_unknown_option_fails_before_composition():
+    with pytest.raises(UnknownComponentError, match="Did you mean 'encoder_only'"):
+        compose(["model=encoder_onyl"])

@@ -1,0 +1,136 @@
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from modforge.models.blocks import Block, Parts
+from modforge.registry import build
+
+V = 13
+
+
+def make(arch, **parts):
+    cfg = {"name": arch, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "max_len": 32}
+    return build("model", cfg, Parts(**parts), V)
+
+
+@pytest.mark.parametrize("residual,norm_first", [("post", False), ("pre", True)])
+def test_block_matches_torch_encoder_layer(residual, norm_first):
+    d, h, ff = 16, 4, 32
+    ours = Block(Parts(norm="layer", residual=residual, ffn="relu"), d, h, ff, 0.0, causal=False).eval()
+    ref = nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    with torch.no_grad():
+        ours.self_attn.qkv.weight.copy_(ref.self_attn.in_proj_weight)
+        ours.self_attn.qkv.bias.copy_(ref.self_attn.in_proj_bias)
+        ours.self_attn.out.weight.copy_(ref.self_attn.out_proj.weight)
+        ours.self_attn.out.bias.copy_(ref.self_attn.out_proj.bias)
+        ours.ffn.w1.weight.copy_(ref.linear1.weight); ours.ffn.w1.bias.copy_(ref.linear1.bias)
+        ours.ffn.w2.weight.copy_(ref.linear2.weight); ours.ffn.w2.bias.copy_(ref.linear2.bias)
+        for mine, theirs in ((ours.r_self.norm, ref.norm1), (ours.r_ffn.norm, ref.norm2)):
+            theirs.weight.normal_(); theirs.bias.normal_()
+            mine.weight.copy_(theirs.weight); mine.bias.copy_(theirs.bias)
+    x = torch.randn(3, 5, d)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, pos=None), ref(x), rtol=1e-4, atol=1e-5)
+        mask = torch.ones(3, 5, dtype=torch.bool)
+        mask[1, 3:] = False
+        got = ours(x, pos=None, mask=mask)
+        want = ref(x, src_key_padding_mask=~mask)
+        torch.testing.assert_close(got[mask], want[mask], rtol=1e-4, atol=1e-5)
+
+
+def test_pre_ln_stack_has_final_norm_and_post_ln_has_none():
+    assert make("decoder_only", residual="pre").decoder.final_norm is not None
+    assert make("decoder_only", residual="post").decoder.final_norm is None
+
+
+def test_each_layer_has_its_own_norm():
+    m = make("decoder_only", norm="rms")
+    norms = [b.r_self.norm for b in m.decoder.blocks] + [b.r_ffn.norm for b in m.decoder.blocks]
+    assert len({id(n.weight) for n in norms}) == len(norms)
+
+
+def test_decoder_only_ties_embeddings():
+    m = make("decoder_only")
+    assert m.head.weight is m.tok.weight
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "learned", "rope", "none"])
+@pytest.mark.parametrize("norm", ["layer", "batch", "rms"])
+def test_decoder_is_causal(pos, norm):
+    m = make("decoder_only", pos=pos, norm=norm).eval()
+    a = torch.randint(5, V, (2, 10))
+    b = a.clone()
+    t = 4
+    b[:, t + 1 :] = torch.randint(5, V, (2, 10 - t - 1))
+    with torch.no_grad():
+        la, lb = m(a), m(b)
+    torch.testing.assert_close(la[:, : t + 1], lb[:, : t + 1])
+    assert not torch.allclose(la[:, t + 1 :], lb[:, t + 1 :])
+
+
+def test_encoder_decoder_decoder_is_causal():
+    m = make("encoder_decoder", pos="rope").eval()
+    src = torch.randint(5, V, (2, 7))
+    a = torch.randint(5, V, (2, 8))
+    b = a.clone()
+    b[:, 5:] = (b[:, 5:] + 1) % V
+    with torch.no_grad():
+        torch.testing.assert_close(m(src, a)[:, :5], m(src, b)[:, :5])
+
+
+@pytest.mark.parametrize("arch", ["encoder_only", "decoder_only"])
+@pytest.mark.parametrize("norm", ["layer", "batch", "rms"])
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_padding_does_not_change_real_outputs(arch, norm, pos):
+    m = make(arch, norm=norm, pos=pos).eval()
+    x = torch.randint(5, V, (1, 6))
+    padded = torch.cat([x, torch.zeros(1, 4, dtype=torch.long)], 1)  # right-padded with <pad>=0
+    mask = padded != 0
+    other = torch.randint(5, V, (1, 10))  # a longer neighbour in the same batch
+    batch = torch.cat([padded, other])
+    bmask = torch.cat([mask, torch.ones(1, 10, dtype=torch.bool)])
+    with torch.no_grad():
+        alone = m(x)
+        together = m(batch, bmask)[:1, :6]
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_encoder_decoder_source_padding_does_not_change_outputs():
+    m = make("encoder_decoder", norm="batch").eval()
+    src = torch.randint(5, V, (1, 5))
+    tgt = torch.randint(5, V, (1, 4))
+    src_pad = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(m(src_pad, tgt, src_pad != 0), m(src, tgt), rtol=1e-5, atol=1e-5)
+
+
+ARCHS = ["decoder_only", "encoder_only", "encoder_decoder"]
+NORMS = ["layer", "batch", "rms"]
+RESIDUALS = ["post", "pre"]
+FFNS = ["relu", "gelu", "swiglu", "geglu"]
+POS = ["sinusoidal", "learned", "rope"]
+
+
+@pytest.mark.parametrize("arch,norm,residual,ffn,pos", list(itertools.product(ARCHS, NORMS, RESIDUALS, FFNS, POS)))
+def test_every_combination_trains_one_step(arch, norm, residual, ffn, pos):
+    m = make(arch, norm=norm, residual=residual, ffn=ffn, pos=pos).train()
+    x = torch.randint(5, V, (3, 8))
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[2, 6:] = False  # one padded row exercises the padding paths
+    if arch == "encoder_decoder":
+        logits = m(x, x[:, :6], mask, mask[:, :6])
+        target = x[:, 1:7]
+    else:
+        logits = m(x, mask)
+        target = x
+    loss = nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1))
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    opt.step()

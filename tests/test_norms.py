@@ -1,0 +1,87 @@
+import pytest
+import torch
+from torch import nn
+
+from modforge.registry import build
+
+
+def test_layer_matches_torch():
+    d = 16
+    ours = build("norm", {"name": "layer", "eps": 1e-5}, d)
+    ref = nn.LayerNorm(d, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.normal_(); ref.bias.normal_()
+        ours.weight.copy_(ref.weight); ours.bias.copy_(ref.bias)
+    x = torch.randn(3, 5, d) * 3 + 2
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_layer_without_bias_has_no_bias_param():
+    n = build("norm", {"name": "layer", "bias": False}, 8)
+    assert n.bias is None and sum(p.numel() for p in n.parameters()) == 8
+
+
+def test_rms_inside_matches_torch_rmsnorm():
+    d = 16
+    ours = build("norm", {"name": "rms", "eps": 1e-6, "eps_placement": "inside"}, d)
+    ref = nn.RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.normal_(); ours.weight.copy_(ref.weight)
+    x = torch.randn(2, 7, d) * 0.01  # small activations: where eps matters
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_rms_outside_matches_reference_formula():
+    # reference 000/001: RMSNorm(x) = gamma * x / (RMS(x) + eps), RMS = sqrt(mean(x^2))
+    d, eps = 16, 1e-2  # a large eps makes the two conventions clearly different
+    ours = build("norm", {"name": "rms", "eps": eps, "eps_placement": "outside"}, d)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 7, d) * 0.1
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+    torch.testing.assert_close(ours(x), ours.weight * x / (rms + eps))
+    inside = build("norm", {"name": "rms", "eps": eps, "eps_placement": "inside"}, d)
+    with torch.no_grad():
+        inside.weight.copy_(ours.weight)
+    assert not torch.allclose(inside(x), ours(x), atol=1e-4)
+
+
+def test_rms_bad_placement_is_a_clear_error():
+    with pytest.raises(ValueError, match="eps_placement.*inside.*outside"):
+        build("norm", {"name": "rms", "eps_placement": "middle"}, 8)
+
+
+def test_batch_matches_batchnorm1d_on_unpadded_tokens():
+    d = 8
+    ours = build("norm", {"name": "batch", "momentum": 0.1}, d)
+    ref = nn.BatchNorm1d(d, momentum=0.1)
+    x = torch.randn(4, 6, d) * 2 + 1
+    y = ours(x, None)
+    y_ref = ref(x.reshape(-1, d)).view_as(x)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    # the masked path with an all-true mask is the same computation
+    ours2 = build("norm", "batch", d)
+    torch.testing.assert_close(ours2(x, torch.ones(4, 6, dtype=torch.bool)), y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours2.running_var, ref.running_var)
+    # eval uses running statistics, like torch
+    ours.eval(); ref.eval()
+    torch.testing.assert_close(ours(x), ref(x.reshape(-1, d)).view_as(x))
+
+
+def test_batch_statistics_ignore_padding():
+    d = 8
+    x = torch.randn(3, 5, d)
+    lengths = torch.tensor([5, 3, 2])
+    mask = torch.arange(5)[None] < lengths[:, None]
+    real = x[mask]  # (N, d) the real tokens only
+    ref = nn.BatchNorm1d(d)
+    want = ref(real)
+    ours = build("norm", "batch", d)
+    padded = x.clone()
+    padded[~mask] = 1000.0  # garbage in the padding must not matter
+    got = ours(padded, mask)[mask]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)

@@ -1,0 +1,94 @@
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from modforge import registry
+from modforge.config import check_overrides, compose
+from modforge.models.blocks import Parts
+from modforge.registry import (AmbiguousComponentError, ConfigError, DuplicateComponentError, UnknownComponentError,
+                               build, register)
+
+
+@register("norm", "test_halfnorm")
+class HalfNorm(nn.Module):
+    """A norm defined in a test file: x * scale."""
+
+    @dataclass
+    class Config:
+        scale: float = 0.5
+
+    def __init__(self, cfg: Config, d_model: int):
+        super().__init__()
+        self.scale = cfg.scale
+        self.w = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x, mask=None):
+        return x * self.scale * self.w
+
+
+def test_unknown_name_lists_options_and_suggests_close_match():
+    with pytest.raises(UnknownComponentError) as e:
+        build("norm", "rmss", 8)
+    msg = str(e.value)
+    assert "Unknown norm 'rmss'" in msg and "Did you mean 'rms'" in msg
+    for name in ("layer", "batch", "rms"):
+        assert name in msg
+    assert "built-in" in msg
+
+
+def test_unknown_key_names_key_and_allowed_keys():
+    with pytest.raises(ConfigError, match=r"norm.epz.*Did you mean 'eps'.*Allowed keys: eps, bias"):
+        build("norm", {"name": "layer", "epz": 1e-3}, 8)
+
+
+def test_duplicate_registration_names_both_providers():
+    with pytest.raises(DuplicateComponentError, match=r"registered twice.*built-in.*test_registry"):
+        @register("norm", "layer")
+        class Another(nn.Module):
+            pass
+
+
+def test_plugin_collisions_are_ambiguous_only_when_used():
+    reg = registry.Registry("norm")
+    for prov in ("pkg-a 1.0", "pkg-b 2.0"):
+        with registry.provider(prov):
+            reg.add(registry.Entry("norm", "fancy", type(prov, (), {}), registry._EmptyConfig, prov),
+                    allow_ambiguous=True)
+    with pytest.raises(AmbiguousComponentError, match=r"pkg-a 1.0.*pkg-b 2.0"):
+        reg.get("fancy")
+
+
+def test_registered_class_is_a_command_line_option_with_no_yaml():
+    cfg = compose(["norm=test_halfnorm", "norm.scale=0.25"])
+    assert cfg.norm.name == "test_halfnorm" and cfg.norm.scale == 0.25
+    model = build("model", {"name": "decoder_only", "d_model": 16, "n_heads": 2, "n_layers": 1},
+                  Parts.from_config(cfg), 11)
+    assert isinstance(model.decoder.blocks[0].r_self.norm, HalfNorm)
+    assert model.decoder.blocks[0].r_self.norm.scale == 0.25
+
+
+def test_command_line_typo_in_option_or_key_suggests():
+    with pytest.raises(UnknownComponentError, match="Did you mean 'swiglu'"):
+        check_overrides(["ffn=swigl"])
+    with pytest.raises(UnknownComponentError, match="Did you mean 'rope'"):
+        check_overrides(["pos=sinusoidal,ropee"])  # inside a sweep too
+    with pytest.raises(ConfigError, match="Did you mean 'eps'"):
+        check_overrides(["norm.epss=1"])
+    check_overrides(["norm=rms", "norm.eps=1e-5", "ffn=swiglu,geglu", "trainer.max_steps=3"])  # fine
+
+
+def test_base_class_is_enforced():
+    with pytest.raises(registry.ModforgeError, match="must subclass"):
+        @register("pos", "test_not_a_scheme")
+        class NotAScheme(nn.Module):
+            pass
+
+
+def test_list_shows_providers_and_defaults():
+    from modforge.list import render
+
+    out = render(["norm", "ffn"])
+    assert "rms" in out and "[built-in]" in out and "eps_placement='inside'" in out
+    assert "match_params=True" in out

@@ -1,0 +1,86 @@
+"""The training entry point: in-process for the plumbing, in a subprocess (slow) for the real command."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import tiny_overrides
+from modforge.config import compose
+from modforge.tasks.base import load_checkpoint
+from modforge.train import run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
+    cfg = compose(tiny_overrides(steps=4) + ["data.max_chars=50000", "norm=rms", "pos=rope", "task.sample_chars=20"])
+    m = run(cfg, tmp_path)
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["steps"] == 4 and saved["tokens_seen"] == 4 * 12 * 64
+    assert math.isfinite(saved["val"]["val/loss"]) and saved["params"] > 0 and saved["tokens_per_sec"] > 0
+    assert isinstance(saved["sample"], str) and len(saved["sample"]) > 0
+    written = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert written["norm"]["name"] == "rms" and written["pos"]["name"] == "rope"
+    # the checkpoint alone rebuilds model and tokenizer
+    task = load_checkpoint(m["checkpoint"])
+    assert task.run_cfg["norm"]["name"] == "rms"
+    x = torch.randint(5, task.tokenizer.vocab_size, (2, 16))
+    ckpt = torch.load(m["checkpoint"], weights_only=False)
+    assert ckpt["global_step"] == 4
+    with torch.no_grad():
+        assert torch.isfinite(task.model(x)).all()
+    assert task.tokenizer.decode(task.tokenizer.encode("def f():")) == "def f():"
+
+
+def test_run_resumes_from_last_checkpoint(tmp_path):
+    first = run(compose(tiny_overrides(steps=3) + ["data.max_chars=50000", "sample=false"]), tmp_path / "a")
+    cfg = compose(tiny_overrides(steps=6) + ["data.max_chars=50000", "sample=false", f"resume={first['checkpoint']}"])
+    second = run(cfg, tmp_path / "b")
+    assert second["steps"] == 6
+    assert second["tokens_seen"] == 6 * 12 * 64  # the counter is restored, not restarted
+
+
+def test_bad_trainer_key_is_a_clear_error(tmp_path):
+    from modforge.registry import ConfigError
+
+    cfg = compose(tiny_overrides(steps=1) + ["+trainer.max_stepz=3"])
+    with pytest.raises(ConfigError, match="trainer.max_stepz.*Did you mean 'max_steps'"):
+        run(cfg, tmp_path)
+
+
+def train_cli(tmp_path, *args, steps=120):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "modforge.train", *args, "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+           f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=8",
+           "scheduler.warmup_steps=10", f"hydra.run.dir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=tmp_path.parent, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads((tmp_path / "metrics.json").read_text()), p.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ["model=decoder_only", "norm=rms", "data.max_chars=300000"],
+    ["model=encoder_only", "norm=batch", "residual=post", "ffn=geglu", "pos=sinusoidal", "data.max_chars=300000"],
+    ["model=encoder_decoder", "pos=rope", "ffn=swiglu"],
+])
+def test_cli_trains_and_learns(tmp_path, args):
+    m, out = train_cli(tmp_path / "run", *args)
+    start, end = m["val_loss_at_start"], m["val"]["val/loss"]
+    assert end < 0.85 * start, (start, end)
+    assert "== modforge run" in out
+
+
+@pytest.mark.slow
+def test_cli_unknown_option_is_one_clear_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "modforge.train", "norm=rmss"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 2
+    assert "Did you mean 'rms'" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
