@@ -1,4 +1,4 @@
-"""Decoding: greedy and sampling (temperature, top-k, top-p), batched, with a KV cache.
+"""Decoding: greedy, beam search and sampling (temperature, top-k, top-p), batched, with a KV cache.
 
 A :class:`Stepper` hides the architecture: ``start()`` consumes the prompt (or
 encodes the source and feeds <bos>) and returns the logits of the next token;
@@ -41,6 +41,16 @@ class Stepper:
 
     def start(self) -> torch.Tensor:
         return self._run()
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep (or replicate) the batch rows ``index``: beam search's bookkeeping."""
+        self.seq = self.seq.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+            self.src_mask = self.src_mask.index_select(0, index) if self.src_mask is not None else None
+        for layer in self.cache or []:
+            for c in layer.values():
+                c.reorder(index)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.seq = torch.cat([self.seq, tokens.view(-1, 1)], dim=1)
@@ -85,3 +95,110 @@ def decode(stepper: Stepper, max_new: int, *, eos_id: Optional[int] = None, pad_
         if i + 1 < max_new:
             logits = stepper.step(nxt)
     return torch.stack(out, dim=1) if out else torch.empty(B, 0, dtype=torch.long)
+
+
+@torch.no_grad()
+def beam_search(stepper: Stepper, max_new: int, *, beam_size: int = 4, eos_id: Optional[int] = None,
+                pad_id: int = 0, length_penalty: float = 1.0) -> torch.Tensor:
+    """Beam search -> the best hypothesis per row, (B, n), padded after <eos>.
+
+    Each step keeps the ``w`` best extensions of the live hypotheses (``w`` =
+    the live beam width, ``beam_size`` at first); extensions that end in <eos>
+    retire as finished and the beam narrows by one, so a row stops when all its
+    beams have finished (the "shrinking beam" of Marian and OpenNMT). Finished
+    and, at the length limit, unfinished hypotheses are ranked by sum of
+    log-probabilities / length ** length_penalty (fairseq's and Hugging Face's
+    normalisation: 0 = none; larger values favour longer outputs).
+    ``beam_size=1`` is exactly greedy decoding.
+    """
+    K = beam_size
+    logp = stepper.start().log_softmax(-1)  # (B, V)
+    B, V = logp.shape
+    device = logp.device
+    rows = torch.arange(B, device=device).repeat_interleave(K)
+    stepper.reorder(rows)
+    logp = logp.index_select(0, rows)
+    scores = torch.full((B, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # at the start all beams are the same: expand only one
+    width = [K] * B
+    tokens = torch.empty(B * K, 0, dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    for t in range(max_new):
+        cand = (scores.view(-1, 1) + logp).view(B, K * V)
+        top_s, top_i = cand.topk(K, dim=1)
+        top_s, top_i = top_s.tolist(), top_i.tolist()
+        new_scores = [[float("-inf")] * K for _ in range(B)]  # plain lists: cheap element writes
+        new_beam = [[0] * K for _ in range(B)]
+        new_tok = [[pad_id] * K for _ in range(B)]
+        for b in range(B):
+            j = 0
+            for s, i in zip(top_s[b][: width[b]], top_i[b][: width[b]]):
+                beam, tok = divmod(i, V)
+                if s == float("-inf"):
+                    break
+                if eos_id is not None and tok == eos_id:
+                    hyp = tokens[b * K + beam].tolist() + [tok]
+                    finished[b].append((s / len(hyp) ** length_penalty, hyp))
+                    continue
+                new_scores[b][j], new_beam[b][j], new_tok[b][j] = s, beam, tok
+                j += 1
+            width[b] = j
+        src_rows = (torch.arange(B)[:, None] * K + torch.tensor(new_beam)).view(-1).to(device)
+        step_tok = torch.tensor(new_tok, device=device).view(-1)
+        tokens = torch.cat([tokens.index_select(0, src_rows), step_tok[:, None]], dim=1)
+        scores = torch.tensor(new_scores, device=device)
+        if not any(width) or t + 1 == max_new:
+            break
+        stepper.reorder(src_rows)
+        logp = stepper.step(step_tok).log_softmax(-1)
+    best = []
+    for b in range(B):
+        hyps = list(finished[b])
+        for k in range(width[b]):  # out of length: live beams compete too
+            hyp = tokens[b * K + k].tolist()
+            hyps.append((float(scores[b, k]) / max(len(hyp), 1) ** length_penalty, hyp))
+        best.append(max(hyps, key=lambda h: h[0])[1] if hyps else [])
+    n = max((len(h) for h in best), default=0)
+    out = torch.full((B, n), pad_id, dtype=torch.long, device=device)
+    for b, h in enumerate(best):
+        out[b, : len(h)] = torch.tensor(h, dtype=torch.long)
+    return out
+
+
+STRATEGIES = ("greedy", "beam", "sample")
+
+
+@torch.no_grad()
+def generate(model, tokenizer, *, prompt: str = "", src: Optional[str] = None, strategy: str = "greedy",
+             max_new: int = 200, beam_size: int = 4, length_penalty: float = 1.0, temperature: float = 1.0,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
+             use_cache: bool = True) -> str:
+    """Text in, text out, for any model that ``can_generate``; returns the generated continuation."""
+    from modforge.registry import ConfigError
+
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"strategy={strategy!r}: allowed values are {', '.join(STRATEGIES)}")
+    if not model.can_generate:
+        raise ConfigError(f"{type(model).__name__} has no autoregressive decoder: it cannot generate text")
+    if model.needs_source and src is None:
+        raise ConfigError("this model translates a source: give src=\"...\"")
+    device = next(model.parameters()).device
+    max_len = model.cfg.max_len
+    if model.needs_source:
+        src_ids = torch.tensor([tokenizer.encode(src)[:max_len]], device=device)
+        ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+        stepper_kw = {"src": src_ids, "src_mask": torch.ones_like(src_ids, dtype=torch.bool)}
+    else:
+        ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
+        stepper_kw = {}
+    max_new = max(1, min(max_new, max_len - 1))
+    ids = ids[-(max_len - max_new):]
+    stepper = Stepper(model, torch.tensor([ids], device=device), use_cache=use_cache, **stepper_kw)
+    if strategy == "beam":
+        out = beam_search(stepper, max_new, beam_size=beam_size, eos_id=tokenizer.eos_id,
+                          pad_id=tokenizer.pad_id, length_penalty=length_penalty)
+    else:
+        gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        out = decode(stepper, max_new, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, strategy=strategy,
+                     temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+    return tokenizer.decode(out[0].tolist())

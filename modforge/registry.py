@@ -359,8 +359,32 @@ def load_plugins() -> dict[str, str]:
                     _CONFIG_DIRS.append((label, str(conf)))
         except Exception as e:  # noqa: BLE001 - a broken plugin must not break the rest
             _FAILED[label] = f"{type(e).__name__}: {e}"
+            _forget_provider(label)  # nothing half-registered survives a failed import
             warnings.warn(f"modforge plugin {label} ({ep.value}) failed to load: {type(e).__name__}: {e}", stacklevel=2)
     return dict(_FAILED)
+
+
+def _forget_provider(label: str) -> None:
+    for reg in _REGISTRIES.values():
+        for name in list(reg._entries):
+            kept = [e for e in reg._entries[name] if e.provider != label]
+            if len(kept) == len(reg._entries[name]):
+                continue
+            if kept:
+                reg._entries[name] = kept
+                _store_in_hydra(kept[0])
+            else:
+                del reg._entries[name]
+                _drop_from_hydra(reg.kind, name)
+    _CONFIG_DIRS[:] = [(p, d) for p, d in _CONFIG_DIRS if p != label]
+
+
+def _drop_from_hydra(kind: str, name: str) -> None:
+    try:
+        from hydra.core.config_store import ConfigStore
+    except ImportError:
+        return
+    ConfigStore.instance().repo.get(kind, {}).pop(f"{name}.yaml", None)
 
 
 def load_all() -> None:

@@ -138,6 +138,20 @@ print("RESULT " + json.dumps(res))
     assert code == 2 and "broken-plugin 1.2.3" in stderr and "Unknown norm 'frobnorm'" in stderr
 
 
+def test_plugin_failing_halfway_leaves_nothing_registered(tmp_path):
+    make_dist(tmp_path, "halfway-plugin", "0.1", "halfway_mod",
+              norm_plugin("halfnorm") + "\nraise RuntimeError('second half broke')\n")
+    res = run_python(PROLOGUE + """
+res = {"registered": "halfnorm" in registry.registry("norm"),
+       "unknown": error_of(registry.build, "norm", "halfnorm", 8),
+       "compose": error_of(compose, ["norm=halfnorm"])}
+print("RESULT " + json.dumps(res))
+""", tmp_path)
+    assert res["registered"] is False
+    for kind, msg in (res["unknown"], res["compose"]):
+        assert kind == "UnknownComponentError" and "halfway-plugin 0.1" in msg and "second half broke" in msg
+
+
 def test_colliding_plugin_names_are_an_error_only_when_used(tmp_path):
     make_dist(tmp_path, "alpha-norms", "0.1.0", "alpha_norms", norm_plugin("twin", "alphaonly"))
     make_dist(tmp_path, "beta-norms", "0.2.0", "beta_norms", norm_plugin("twin"))

@@ -84,3 +84,36 @@ def test_cli_unknown_option_is_one_clear_line(tmp_path):
     assert p.returncode == 2
     assert "Did you mean 'rms'" in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_generate_cli_from_checkpoint_with_each_strategy(tmp_path, capsys):
+    from modforge import generate
+
+    m = run(compose(tiny_overrides(steps=2) + ["data.max_chars=50000", "sample=false"]), tmp_path)
+    capsys.readouterr()
+    for extra in (["strategy=greedy"], ["strategy=beam", "beam_size=3"],
+                  ["strategy=sample", "temperature=0.9", "top_k=5", "top_p=0.9", "seed=1", "num_samples=2"]):
+        generate.main([f"ckpt={m['checkpoint']}", "prompt=def ", "max_new=12", *extra])
+        out = capsys.readouterr().out
+        assert out.startswith("def ") or out.startswith("--- sample 1\ndef "), out
+    generate.main([f"ckpt={m['checkpoint']}", "prompt=x", "max_new=8", "strategy=sample", "seed=3"])
+    a = capsys.readouterr().out
+    generate.main([f"ckpt={m['checkpoint']}", "prompt=x", "max_new=8", "strategy=sample", "seed=3"])
+    assert capsys.readouterr().out == a  # seeded sampling is reproducible
+
+
+@pytest.mark.parametrize("argv,msg", [(["prompt=hi"], "ckpt=<path"), (["ckpt=/nonexistent.ckpt"], "no such file"),
+                                      (["ckpt=x", "strategy=nucleus"], None), (["ckpt=x", "beam=3"], "beam_size")])
+def test_generate_cli_errors_are_one_line(argv, msg, capsys, tmp_path):
+    from modforge import generate
+
+    if argv[0] == "ckpt=x":  # a real file so the error comes from the strategy / key check
+        (tmp_path / "x").write_bytes(b"")
+        argv = [f"ckpt={tmp_path / 'x'}"] + argv[1:]
+    with pytest.raises(SystemExit) as e:
+        generate.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    if msg:
+        assert msg in err

@@ -47,7 +47,15 @@ class EncoderDecoderConfig(ModelConfig):
 
 
 class _LMBase(nn.Module):
-    """Shared pieces: token embedding, its tied (or separate) output projection."""
+    """Shared pieces: token embedding, its tied (or separate) output projection.
+
+    Capabilities, for code that must not ask for an architecture by name:
+    ``can_generate`` (has an autoregressive decoder) and ``needs_source``
+    (generation is conditioned on an encoded source).
+    """
+
+    can_generate = False
+    needs_source = False
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
@@ -70,6 +78,8 @@ class _LMBase(nn.Module):
 @register("model", "decoder_only", config=ModelConfig, defaults={"task": "causal_lm"})
 class DecoderOnly(_LMBase):
     """GPT-style causal language model."""
+
+    can_generate = True
 
     def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
         super().__init__(cfg, vocab_size)
@@ -113,6 +123,9 @@ class EncoderDecoder(_LMBase):
     output projection when ``tie_embeddings``), as in the paper; each side has
     its own positional scheme instance.
     """
+
+    can_generate = True
+    needs_source = True
 
     def __init__(self, cfg: EncoderDecoderConfig, parts: Parts, vocab_size: int):
         super().__init__(cfg, vocab_size)

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modforge.decoding import Stepper, decode
+from modforge.decoding import generate
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import Task, TaskConfig, bits
 
@@ -36,20 +36,14 @@ class CausalLM(Task):
         self.log("val/bpc", bits(loss.item()) * tpc)
         return loss
 
-    @torch.no_grad()
     def generate_text(self, prompt: str, max_new: int, temperature: float = 0.8, top_k: int = 0,
                       seed: int = 0) -> str:
         was_training = self.training
         self.eval()
-        ids = self.tokenizer.encode(prompt) or [self.tokenizer.bos_id]
-        max_new = min(max_new, self.model.cfg.max_len - 1)
-        ids = ids[-(self.model.cfg.max_len - max_new):]
-        prefix = torch.tensor([ids], device=self.device)
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        out = decode(Stepper(self.model, prefix), max_new, strategy="sample", temperature=temperature,
-                     top_k=top_k or None, generator=gen, eos_id=self.tokenizer.eos_id)
+        out = generate(self.model, self.tokenizer, prompt=prompt, strategy="sample", max_new=max_new,
+                       temperature=temperature, top_k=top_k or None, seed=seed)
         self.train(was_training)
-        return prompt + self.tokenizer.decode(out[0].tolist())
+        return prompt + out
 
     def summary_sample(self):
         c = self.cfg

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modforge.decoding import Stepper, decode
+from modforge.decoding import Stepper, beam_search, decode
 from modforge.registry import register
 from modforge.tasks.base import Task, TaskConfig
 
@@ -11,6 +11,8 @@ from modforge.tasks.base import Task, TaskConfig
 @dataclass
 class Seq2SeqConfig(TaskConfig):
     decode_in_val: bool = True  # greedy-decode the val set and report exact match
+    val_beam_size: int = 0  # > 0: also beam-decode the val set (val/exact_match_beam)
+    length_penalty: float = 1.0
     max_decode_len: int = 64
 
 
@@ -37,29 +39,37 @@ class Seq2Seq(Task):
         self.log("val/token_acc", acc, prog_bar=True, batch_size=B)
         if self.cfg.decode_in_val:
             self.log("val/exact_match", self.exact_match(b), prog_bar=True, batch_size=B)
+        if self.cfg.val_beam_size > 0:
+            self.log("val/exact_match_beam", self.exact_match(b, beam=self.cfg.val_beam_size), batch_size=B)
         return loss
 
     @torch.no_grad()
-    def greedy(self, src: torch.Tensor, src_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    def translate(self, src: torch.Tensor, src_mask: torch.Tensor, max_len: int, beam: int = 0) -> torch.Tensor:
+        """Greedy (beam=0) or beam-search decoding of a batch of sources -> (B, n) ids."""
         tok = self.tokenizer
         prefix = torch.full((src.shape[0], 1), tok.bos_id, dtype=torch.long, device=src.device)
         stepper = Stepper(self.model, prefix, src=src, src_mask=src_mask)
+        if beam > 0:
+            return beam_search(stepper, max_len, beam_size=beam, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                               length_penalty=self.cfg.length_penalty)
         return decode(stepper, max_len, eos_id=tok.eos_id, pad_id=tok.pad_id)
 
-    def exact_match(self, b) -> torch.Tensor:
-        T = b["tgt_out"].shape[1]
-        out = self.greedy(b["src"], b["src_mask"], min(T, self.cfg.max_decode_len, self.model.cfg.max_len - 1))
+    def exact_match(self, b, beam: int = 0) -> torch.Tensor:
+        """Fraction of rows whose decoded output equals the target (through <eos>)."""
         want = b["tgt_out"]
+        T = want.shape[1]
+        out = self.translate(b["src"], b["src_mask"], min(T, self.cfg.max_decode_len, self.model.cfg.max_len - 1), beam)
         if out.shape[1] < T:  # every row stopped early: pad to compare
             out = torch.cat([out, out.new_full((out.shape[0], T - out.shape[1]), self.tokenizer.pad_id)], 1)
         return (out[:, :T] == want).all(dim=1).float().mean()
 
     def summary_sample(self):
+        """The first validation source, its greedy translation and its reference."""
         tok = self.tokenizer
-        dm = getattr(self, "example_source", None) or "0123456789"
-        src = torch.tensor([tok.encode(dm)], device=self.device)
+        b = next(iter(self.trainer.datamodule.val_dataloader()))
+        src, mask = b["src"][:1].to(self.device), b["src_mask"][:1].to(self.device)
         was = self.training
         self.eval()
-        out = self.greedy(src, src != tok.pad_id, len(dm) + 1)
+        out = self.translate(src, mask, min(self.cfg.max_decode_len, self.model.cfg.max_len - 1))
         self.train(was)
-        return f"{dm} -> {tok.decode(out[0].tolist())}"
+        return f"{tok.decode(src[0].tolist())} -> {tok.decode(out[0].tolist())}  (reference: {tok.decode(b['tgt_out'][0].tolist())})"
