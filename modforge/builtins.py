@@ -12,3 +12,6 @@ import modforge.models.architectures  # noqa: F401
 import modforge.optim  # noqa: F401
 import modforge.tasks.lm  # noqa: F401
 import modforge.tasks.seq2seq  # noqa: F401
+import modforge.data.classify  # noqa: F401
+import modforge.data.parallel  # noqa: F401
+import modforge.tasks.classify  # noqa: F401

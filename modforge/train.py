@@ -22,10 +22,16 @@ PART_GROUPS = ("model", "task", "data", "norm", "residual", "ffn", "pos", "atten
 
 def validate(cfg: DictConfig) -> None:
     """Resolve every component group to its typed config now, before any work is done."""
-    for group in PART_GROUPS:
-        if group in cfg:
-            registry.make_config(group, cfg[group])
+    typed = {g: registry.make_config(g, cfg[g])[1] for g in PART_GROUPS if g in cfg}
     check_trainer_keys(cfg.trainer)
+    # the longest sequence the data can produce must fit the model's positions / KV cache
+    data, model = typed.get("data"), typed.get("model")
+    longest = getattr(data, "positions", 0)  # data configs declare it; plugins may omit it
+    if model is not None and longest > model.max_len:
+        raise registry.ConfigError(
+            f"model.max_len={model.max_len} is shorter than the sequences of data={cfg.data.name} ({longest} "
+            "positions, from its block_size / max_len); raise model.max_len or shorten the data"
+        )
 
 
 def check_trainer_keys(trainer_cfg: Any) -> None:
@@ -82,6 +88,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "val_loss_at_start": start_loss,
         **{k: v for k, v in dm.stats.items() if k == "unigram_val_loss"},
         "params": n_params,
+        "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
         "tokens_seen": task.tokens_seen,
         "fit_seconds": round(fit_seconds, 2),
@@ -115,7 +122,7 @@ def print_summary(m: dict, out_dir: Path) -> None:
         extra = f" (unigram model: {m['unigram_val_loss']:.4f})" if "unigram_val_loss" in m else ""
         print(f"   at start   val/loss={m['val_loss_at_start']:.4f}{extra}")
     tps = m["tokens_per_sec"]
-    print(f"   {m['params']:,} parameters, {m['steps']} steps, {m['tokens_seen']:,} tokens, "
+    print(f"   {m['params']:,} parameters (FFN hidden width {m['ffn_hidden']}), {m['steps']} steps, {m['tokens_seen']:,} tokens, "
           f"{m['train_seconds']:.1f} s training ({tps:,.0f} tokens/s), {m['wall_seconds']:.1f} s wall")
     if m.get("sample"):
         print("   sample:\n" + "\n".join("   | " + line for line in m["sample"].splitlines()))

@@ -1,9 +1,17 @@
+import os
+
 import pytest
 import torch
 
 from modforge import registry
 
 registry.load_builtins()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _modforge_cache(tmp_path_factory):
+    """Token and tokenizer caches of every test (and its subprocesses) go to a temporary directory."""
+    os.environ["MODFORGE_CACHE"] = str(tmp_path_factory.mktemp("modforge-cache"))
 
 
 @pytest.fixture(autouse=True)

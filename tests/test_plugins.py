@@ -25,7 +25,7 @@ needs_extras = pytest.mark.skipif(
     reason="example plugin not installed: pip install -e examples/modforge-extras",
 )
 
-TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=32"]
+TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=32", "data.block_size=32"]
 
 
 def make_dist(root: Path, dist: str, version: str, module: str, source: str) -> None:

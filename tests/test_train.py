@@ -117,3 +117,11 @@ def test_generate_cli_errors_are_one_line(argv, msg, capsys, tmp_path):
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
     if msg:
         assert msg in err
+
+
+def test_data_longer_than_model_positions_fails_before_training(tmp_path):
+    from modforge.registry import ConfigError
+
+    cfg = compose(tiny_overrides(steps=1) + ["data.block_size=100"])  # tiny model: max_len=64
+    with pytest.raises(ConfigError, match=r"model.max_len=64 .*data=stdlib \(100 positions"):
+        run(cfg, tmp_path)

@@ -28,6 +28,11 @@ class SyntheticConfig:
     batch_size: int = 64
     seed: int = 0
 
+    @property
+    def positions(self) -> int:
+        """Longest sequence a batch holds (the target plus <bos>/<eos>)."""
+        return self.max_len + 1
+
     def __post_init__(self):
         if not 1 <= self.min_len <= self.max_len:
             raise ConfigError(f"data.min_len={self.min_len}, data.max_len={self.max_len}: need 1 <= min_len <= max_len")

@@ -1,0 +1,169 @@
+"""Parallel text for encoder-decoder training (``data=parallel``).
+
+Sources and targets come from a TSV file (``data.path``: ``source<TAB>target`` per
+line) or from two line-aligned files (``data.src_path`` and ``data.tgt_path``).
+Validation comes from ``data.val_path`` (or ``data.val_src_path`` + ``data.val_tgt_path``),
+or, when those are unset, a seeded random ``val_fraction`` of the pairs. Blank
+lines (in both files, or the whole TSV line) are skipped.
+
+One tokenizer is fitted on both sides of the training pairs (the shared
+vocabulary of the original Transformer). Each side is cut to ``max_len`` tokens
+(the target to ``max_len - 1``, leaving room for <bos>/<eos>). Batches are the
+dicts of :func:`modforge.data.seq2seq.collate_pairs` (``src``, ``src_mask``,
+``tgt_in``, ``tgt_out``, ``tgt_mask``: padding masks on both sides), so the
+``seq2seq`` task trains on them unchanged.
+"""
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
+from modforge.data.seq2seq import collate_pairs
+from modforge.data.tokenizers import Tokenizer, make_tokenizer
+from modforge.registry import ConfigError, register
+
+
+@dataclass
+class ParallelConfig:
+    path: Optional[str] = None  # TSV: source<TAB>target per line
+    src_path: Optional[str] = None  # or: sources, one per line ...
+    tgt_path: Optional[str] = None  # ... and their targets, line-aligned
+    val_path: Optional[str] = None  # validation TSV (None: hold out val_fraction)
+    val_src_path: Optional[str] = None
+    val_tgt_path: Optional[str] = None
+    tokenizer: str = "char"
+    vocab_size: Optional[int] = None  # bpe only
+    tokenizer_path: Optional[str] = None  # bpe only
+    max_len: int = 128  # tokens per side (target: max_len - 1, plus <bos>/<eos>)
+    batch_size: int = 64
+    val_fraction: float = 0.1
+    seed: int = 0  # of the held-out split
+    num_workers: int = 0
+    cache_dir: Optional[str] = None  # None: $MODFORGE_CACHE, else ~/.cache/modforge
+
+    @property
+    def positions(self) -> int:
+        """Longest sequence a batch holds (a side is cut to max_len tokens; <bos>/<eos> fit within it)."""
+        return self.max_len
+
+    def __post_init__(self):
+        if bool(self.path) == bool(self.src_path or self.tgt_path):
+            raise ConfigError("data=parallel: give either data.path=<file.tsv> (source<TAB>target per line) or "
+                              "data.src_path=<file> and data.tgt_path=<file> (line-aligned)"
+                              + (", not both" if self.path else ""))
+        if not self.path and not (self.src_path and self.tgt_path):
+            raise ConfigError("data.src_path and data.tgt_path: give both (line-aligned source and target files)")
+        if self.val_path and (self.val_src_path or self.val_tgt_path):
+            raise ConfigError("data.val_path and data.val_src_path/val_tgt_path: give one or the other")
+        if bool(self.val_src_path) != bool(self.val_tgt_path):
+            raise ConfigError("data.val_src_path and data.val_tgt_path: give both, or neither")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
+        if self.max_len < 2 or self.batch_size < 1:
+            raise ConfigError("data.max_len must be >= 2 and data.batch_size >= 1")
+
+
+def read_tsv_pairs(path: str, key: str) -> list[tuple[str, str]]:
+    p = existing_file(path, key, "a TSV file with source<TAB>target per line")
+    out = []
+    with open(p, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2:
+                raise ConfigError(f"{key}={path}, line {n}: expected source<TAB>target (2 fields), "
+                                  f"found {len(parts)} field(s).")
+            out.append((parts[0], parts[1]))
+    if not out:
+        raise ConfigError(f"{key}={path}: no pairs.")
+    return out
+
+
+def read_aligned(src_path: str, tgt_path: str, src_key: str, tgt_key: str) -> list[tuple[str, str]]:
+    sp = existing_file(src_path, src_key, "a file of source sentences, one per line")
+    tp = existing_file(tgt_path, tgt_key, "a file of target sentences, one per line (aligned with the sources)")
+    with open(sp, encoding="utf-8") as fh:
+        src = [line.rstrip("\r\n") for line in fh]
+    with open(tp, encoding="utf-8") as fh:
+        tgt = [line.rstrip("\r\n") for line in fh]
+    if len(src) != len(tgt):
+        raise ConfigError(f"{src_key}={src_path} has {len(src)} lines but {tgt_key}={tgt_path} has {len(tgt)}; "
+                          "the files must be line-aligned.")
+    out = []
+    for n, (s, t) in enumerate(zip(src, tgt), 1):
+        if not s.strip() and not t.strip():
+            continue
+        if not s.strip() or not t.strip():
+            side = src_key if not s.strip() else tgt_key
+            raise ConfigError(f"{side}: line {n} is blank but its counterpart is not; the files must be line-aligned.")
+        out.append((s, t))
+    if not out:
+        raise ConfigError(f"{src_key}={src_path}: no pairs.")
+    return out
+
+
+@register("data", "parallel", config=ParallelConfig)
+class ParallelData(L.LightningDataModule):
+    """Parallel text (TSV, or two aligned files) for encoder-decoder models; padding masks on both sides."""
+
+    def __init__(self, cfg: ParallelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer: Optional[Tokenizer] = None
+        self.train_set: list = []
+        self.val_set: list = []
+        self.stats: dict = {}
+
+    def read(self) -> tuple[list, list]:
+        c = self.cfg
+        pairs = read_tsv_pairs(c.path, "data.path") if c.path else \
+            read_aligned(c.src_path, c.tgt_path, "data.src_path", "data.tgt_path")
+        if c.val_path:
+            return pairs, read_tsv_pairs(c.val_path, "data.val_path")
+        if c.val_src_path:
+            return pairs, read_aligned(c.val_src_path, c.val_tgt_path, "data.val_src_path", "data.val_tgt_path")
+        if len(pairs) < 2:
+            raise ConfigError(f"data=parallel: {len(pairs)} pair(s); need at least 2 to hold some out.")
+        order = list(range(len(pairs)))
+        random.Random(c.seed).shuffle(order)
+        n_val = min(len(pairs) - 1, max(1, round(len(pairs) * c.val_fraction)))
+        return [pairs[i] for i in sorted(order[n_val:])], [pairs[i] for i in sorted(order[:n_val])]
+
+    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> Tokenizer:
+        if self.tokenizer is not None:
+            return self.tokenizer
+        c = self.cfg
+        tok = tokenizer or make_tokenizer(c)  # first: a bad tokenizer key fails before any reading
+        train, val = self.read()
+        texts = [t for pair in train for t in pair]
+        tok = tokenizer or fit_tokenizer(tok, lambda: texts, {"pairs": text_sha(texts)},
+                                         cache_root(c.cache_dir))
+
+        def encode(pairs):
+            return [(tok.encode(s)[: c.max_len], tok.encode(t)[: c.max_len - 1]) for s, t in pairs]
+
+        self.train_set, self.val_set, self.tokenizer = encode(train), encode(val), tok
+        self.example_source = val[0][0]
+        self.stats = {
+            "train_pairs": len(train), "val_pairs": len(val),
+            "max_src_tokens": max(len(s) for s, _ in self.train_set + self.val_set),
+            "max_tgt_tokens": max(len(t) for _, t in self.train_set + self.val_set) + 1,
+        }
+        return tok
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        self.prepare()
+
+    def train_dataloader(self) -> DataLoader:
+        c = self.cfg
+        return DataLoader(self.train_set, batch_size=c.batch_size, shuffle=True, collate_fn=collate_pairs,
+                          num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
+
+    def val_dataloader(self) -> DataLoader:
+        c = self.cfg
+        return DataLoader(self.val_set, batch_size=c.batch_size, collate_fn=collate_pairs, num_workers=c.num_workers)
