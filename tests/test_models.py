@@ -134,3 +134,16 @@ def test_every_combination_trains_one_step(arch, norm, residual, ffn, pos):
         assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     opt.step()
+
+
+def test_residual_output_projections_get_scaled_init():
+    torch.manual_seed(0)
+    m = build("model", {"name": "decoder_only", "d_model": 64, "n_heads": 2, "n_layers": 8, "d_ff": 256},
+              Parts(ffn="gelu"), V)
+    blk = m.decoder.blocks[0]
+    assert abs(blk.self_attn.qkv.weight.std().item() - 0.02) < 0.002
+    for lin in (blk.self_attn.out, blk.ffn.w2):
+        assert abs(lin.weight.std().item() - 0.02 / 4.0) < 0.001  # 0.02 / sqrt(2 * 8)
+    plain = build("model", {"name": "decoder_only", "d_model": 64, "n_heads": 2, "n_layers": 8, "d_ff": 256,
+                            "scaled_residual_init": False}, Parts(ffn="gelu"), V)
+    assert abs(plain.decoder.blocks[0].ffn.w2.weight.std().item() - 0.02) < 0.002

@@ -98,6 +98,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv = nn.Linear(d_model, 3 * d_model, bias=cfg.bias)
         self.out = nn.Linear(d_model, d_model, bias=cfg.bias)
+        self.out.residual_out = True  # writes into the residual stream (scaled init, see models.blocks)
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = t.shape  # (B, T, n*d) -> n tensors (B, H, T, d_head)

@@ -48,6 +48,7 @@ class MLP(nn.Module):
         self.w1 = nn.Linear(d_model, d_ff, bias=cfg.bias)
         self.act = build("activation", cfg.activation)
         self.w2 = nn.Linear(d_ff, d_model, bias=cfg.bias)
+        self.w2.residual_out = True  # writes into the residual stream (scaled init, see models.blocks)
         self.hidden = d_ff
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,6 +72,7 @@ class GatedFFN(nn.Module):
         self.w_gate_up = nn.Linear(d_model, 2 * hidden, bias=cfg.bias)  # W and V fused
         self.act = build("activation", cfg.activation)
         self.w2 = nn.Linear(hidden, d_model, bias=cfg.bias)
+        self.w2.residual_out = True
         self.hidden = hidden
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

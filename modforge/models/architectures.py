@@ -24,6 +24,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # output projection shares the token embedding matrix
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper)
     init_std: float = 0.02
+    scaled_residual_init: bool = True  # residual-output projections get init_std / sqrt(2 n_layers) (GPT-2)
 
     def __post_init__(self):
         for key in ("d_model", "n_heads", "n_layers", "max_len"):
@@ -65,8 +66,8 @@ class _LMBase(nn.Module):
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
 
-    def _finish(self) -> None:
-        init_weights(self, self.cfg.init_std)
+    def _finish(self, n_layers: int) -> None:
+        init_weights(self, self.cfg.init_std, n_layers if self.cfg.scaled_residual_init else 0)
         if self.cfg.tie_embeddings:
             self.head.weight = self.tok.weight
 
@@ -85,7 +86,7 @@ class DecoderOnly(_LMBase):
         super().__init__(cfg, vocab_size)
         self.embed = self._embedder(parts)
         self.decoder = Stack(parts, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=True)
-        self._finish()
+        self._finish(cfg.n_layers)
 
     def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None, cache: Optional[list] = None,
                 offset: int = 0) -> torch.Tensor:
@@ -105,7 +106,7 @@ class EncoderOnly(_LMBase):
         super().__init__(cfg, vocab_size)
         self.embed = self._embedder(parts)
         self.encoder = Stack(parts, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=False)
-        self._finish()
+        self._finish(cfg.n_layers)
 
     def encode(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx (B, T) -> hidden states (B, T, d_model)."""
@@ -134,7 +135,7 @@ class EncoderDecoder(_LMBase):
         self.tgt_embed = self._embedder(parts)
         self.encoder = Stack(parts, enc_n, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=False)
         self.decoder = Stack(parts, dec_n, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=True, cross=True)
-        self._finish()
+        self._finish(max(enc_n, dec_n))
 
     def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.encoder(self.src_embed(src), pos=self.src_embed.pos, mask=src_mask)

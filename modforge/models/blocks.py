@@ -101,10 +101,18 @@ class Embedder(nn.Module):
         return self.drop(self.pos.embed(x, offset))
 
 
-def init_weights(model: nn.Module, std: float) -> None:
-    """GPT-2 style: N(0, std) for every Linear and Embedding weight, zero biases."""
+def init_weights(model: nn.Module, std: float, n_layers: int = 0) -> None:
+    """GPT-2 style: N(0, std) for every Linear and Embedding weight, zero biases.
+
+    With ``n_layers`` > 0, a Linear that a component marks ``residual_out = True``
+    (the projection whose output is added to the residual stream: attention's
+    output, the FFN's second matrix) gets std / sqrt(2 * n_layers) instead, so
+    the residual stream's variance does not grow with depth (GPT-2, nanoGPT).
+    Norms and components' own parameters keep their constructors' init.
+    """
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=std)
+            scaled = n_layers > 0 and getattr(m, "residual_out", False)
+            nn.init.normal_(m.weight, mean=0.0, std=std / (2 * n_layers) ** 0.5 if scaled else std)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
