@@ -15,16 +15,28 @@ import torch.nn.functional as F
 
 
 class Stepper:
-    """Incremental decoding over a decoder-only model or the decoder of an encoder-decoder."""
+    """Incremental decoding over a decoder-only model or the decoder of an encoder-decoder.
+
+    ``max_context`` bounds how many tokens the decoder attends to (default
+    ``model.max_len``; pass the training length so that learned positions stay
+    in the range they were trained on). When the context would outgrow it, the
+    oldest tokens are dropped down to half of it and the rest is re-encoded
+    from position 0 (nanoGPT crops the same way, but at every step; halving
+    keeps the cache useful). The uncached path applies the same rule, so both
+    produce the same tokens.
+    """
 
     def __init__(self, model, prefix: torch.Tensor, *, src: Optional[torch.Tensor] = None,
-                 src_mask: Optional[torch.Tensor] = None, use_cache: bool = True):
+                 src_mask: Optional[torch.Tensor] = None, use_cache: bool = True,
+                 max_context: Optional[int] = None):
         self.model, self.use_cache = model, use_cache
+        self.max_context = min(max_context or model.cfg.max_len, model.cfg.max_len)
         self.seq = prefix
         self.src_mask = src_mask
         self.memory = model.encode(src, src_mask) if src is not None else None
-        self.cache = model.new_cache(model.cfg.max_len) if use_cache else None
-        self.fed = 0  # tokens of self.seq already in the cache
+        self.cache = model.new_cache(self.max_context) if use_cache else None
+        self.start_at = max(0, prefix.shape[1] - self.max_context)  # first token of the current context
+        self.fed = self.start_at  # tokens of self.seq already in the cache
 
     def _logits(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         if self.memory is None:
@@ -32,11 +44,16 @@ class Stepper:
         return self.model.decode(tokens, self.memory, self.src_mask, cache=self.cache, offset=offset)
 
     def _run(self) -> torch.Tensor:
+        if self.seq.shape[1] - self.start_at > self.max_context:  # slide: keep the newest half
+            self.start_at = self.seq.shape[1] - max(1, self.max_context // 2)
+            self.fed = self.start_at
+            if self.use_cache:
+                self.cache = self.model.new_cache(self.max_context)
         if self.use_cache:
-            logits = self._logits(self.seq[:, self.fed :], self.fed)
+            logits = self._logits(self.seq[:, self.fed :], self.fed - self.start_at)
             self.fed = self.seq.shape[1]
         else:
-            logits = self._logits(self.seq, 0)
+            logits = self._logits(self.seq[:, self.start_at :], 0)
         return logits[:, -1].float()
 
     def start(self) -> torch.Tensor:
@@ -172,7 +189,7 @@ STRATEGIES = ("greedy", "beam", "sample")
 def generate(model, tokenizer, *, prompt: str = "", src: Optional[str] = None, strategy: str = "greedy",
              max_new: int = 200, beam_size: int = 4, length_penalty: float = 1.0, temperature: float = 1.0,
              top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
-             use_cache: bool = True) -> str:
+             use_cache: bool = True, max_context: Optional[int] = None) -> str:
     """Text in, text out, for any model that ``can_generate``; returns the generated continuation."""
     from modforge.registry import ConfigError
 
@@ -191,9 +208,9 @@ def generate(model, tokenizer, *, prompt: str = "", src: Optional[str] = None, s
     else:
         ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
         stepper_kw = {}
-    max_new = max(1, min(max_new, max_len - 1))
-    ids = ids[-(max_len - max_new):]
-    stepper = Stepper(model, torch.tensor([ids], device=device), use_cache=use_cache, **stepper_kw)
+    max_new = max(1, max_new)
+    stepper = Stepper(model, torch.tensor([ids], device=device), use_cache=use_cache, max_context=max_context,
+                      **stepper_kw)
     if strategy == "beam":
         out = beam_search(stepper, max_new, beam_size=beam_size, eos_id=tokenizer.eos_id,
                           pad_id=tokenizer.pad_id, length_penalty=length_penalty)

@@ -80,7 +80,8 @@ def run(cfg: GenerateConfig) -> list[str]:
     return [
         generate(task.model, task.tokenizer, prompt=cfg.prompt, src=cfg.src, strategy=cfg.strategy,
                  max_new=cfg.max_new, beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
-                 temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p, seed=cfg.seed + i)
+                 temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p, seed=cfg.seed + i,
+                 max_context=task.context_len)
         for i in range(n)
     ]
 

@@ -176,3 +176,16 @@ def test_beam_beats_greedy_where_greedy_is_myopic():
     beam = beam_search(MarkovStepper(table), 5, beam_size=2, eos_id=EOS, length_penalty=0.0)
     assert greedy[0, 0].item() == 5
     assert beam[0].tolist()[:3] == [6, 7, EOS]
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_generation_slides_past_the_context_window(pos):
+    m = model("decoder_only", pos, max_len=16)
+    prefix = torch.randint(5, V, (2, 20))  # longer than the context already
+    cached = decode(Stepper(m, prefix, max_context=12), 40)  # 60 tokens in all, > max_len
+    full = decode(Stepper(m, prefix, max_context=12, use_cache=False), 40)
+    assert cached.shape == (2, 40) and torch.equal(cached, full)
+    # the uncached path really is "the last tokens since the last slide": check one step by hand
+    s = Stepper(m, prefix, max_context=12, use_cache=False)
+    first = s.start()
+    torch.testing.assert_close(first, m(prefix[:, -12:])[:, -1].float())

@@ -25,26 +25,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
-from modforge.data.tokenizers import BOS, PAD, Tokenizer, make_tokenizer
+from modforge.data.tokenizers import BOS, PAD, TokenizedDataConfig, Tokenizer, make_tokenizer
 from modforge.registry import ConfigError, register
 
 
 @dataclass
-class ClassifyDataConfig:
+class ClassifyDataConfig(TokenizedDataConfig):
     path: Optional[str] = None  # training examples: .csv/.tsv or .jsonl
     val_path: Optional[str] = None  # validation examples (None: hold out val_fraction of path)
     format: str = "auto"  # auto (by file extension) | csv | tsv | jsonl
     text_field: str = "text"
     label_field: str = "label"
-    tokenizer: str = "char"
-    vocab_size: Optional[int] = None  # bpe only
-    tokenizer_path: Optional[str] = None  # bpe only
     max_len: int = 128  # tokens per example including the leading <bos>; longer texts are cut
-    batch_size: int = 32
-    val_fraction: float = 0.1
     seed: int = 0  # of the held-out split
-    num_workers: int = 0
-    cache_dir: Optional[str] = None  # None: $MODFORGE_CACHE, else ~/.cache/modforge
 
     @property
     def positions(self) -> int:
@@ -57,10 +50,9 @@ class ClassifyDataConfig:
                               "e.g. data.path=tests/data/sentiment.csv")
         if self.format not in READERS and self.format != "auto":
             raise ConfigError(f"data.format={self.format}: use auto, {', '.join(READERS)}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
-        if self.max_len < 2 or self.batch_size < 1:
-            raise ConfigError("data.max_len must be >= 2 and data.batch_size >= 1")
+        super().__post_init__()
+        if self.max_len < 2:
+            raise ConfigError(f"data.max_len={self.max_len}: must be >= 2")
 
 
 def _read_delimited(path: str, text_field: str, label_field: str, key: str, delimiter: str) -> list[tuple]:

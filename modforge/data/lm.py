@@ -46,7 +46,7 @@ from modforge.data.cache import (
     CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, atomic_file, cache_root, corpus_info, expand_paths,
     fit_tokenizer, token_cache, window,
 )
-from modforge.data.tokenizers import Tokenizer, make_tokenizer, rechunk
+from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer, rechunk
 from modforge.registry import ConfigError, register
 
 SHUFFLE_LIMIT = 1 << 24  # above this many training windows, sample starts with replacement
@@ -74,16 +74,10 @@ class Windows(Dataset):
 
 
 @dataclass
-class TextDataConfig:
-    tokenizer: str = "char"  # char | byte | bpe (any registered tokenizer)
+class TextDataConfig(TokenizedDataConfig):
     block_size: int = 64
     batch_size: int = 12
-    val_fraction: float = 0.1
     max_chars: Optional[int] = 2_000_000  # use the first N characters of the corpus (None: all)
-    num_workers: int = 0
-    vocab_size: Optional[int] = None  # bpe: vocabulary size incl. specials and bytes (None: 4096)
-    tokenizer_path: Optional[str] = None  # bpe: load this tokenizer.json instead of training one
-    cache_dir: Optional[str] = None  # None: $MODFORGE_CACHE, else ~/.cache/modforge
 
     @property
     def positions(self) -> int:
@@ -91,10 +85,9 @@ class TextDataConfig:
         return self.block_size
 
     def __post_init__(self):
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
-        if self.block_size < 1 or self.batch_size < 1:
-            raise ConfigError("data.block_size and data.batch_size must be >= 1")
+        super().__post_init__()
+        if self.block_size < 1:
+            raise ConfigError(f"data.block_size={self.block_size}: must be >= 1")
         if self.max_chars is not None and self.max_chars < 1:
             raise ConfigError(f"data.max_chars={self.max_chars}: must be >= 1 (or null for the whole corpus)")
 

@@ -22,27 +22,21 @@ from torch.utils.data import DataLoader
 
 from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
 from modforge.data.seq2seq import collate_pairs
-from modforge.data.tokenizers import Tokenizer, make_tokenizer
+from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer
 from modforge.registry import ConfigError, register
 
 
 @dataclass
-class ParallelConfig:
+class ParallelConfig(TokenizedDataConfig):
     path: Optional[str] = None  # TSV: source<TAB>target per line
     src_path: Optional[str] = None  # or: sources, one per line ...
     tgt_path: Optional[str] = None  # ... and their targets, line-aligned
     val_path: Optional[str] = None  # validation TSV (None: hold out val_fraction)
     val_src_path: Optional[str] = None
     val_tgt_path: Optional[str] = None
-    tokenizer: str = "char"
-    vocab_size: Optional[int] = None  # bpe only
-    tokenizer_path: Optional[str] = None  # bpe only
     max_len: int = 128  # tokens per side (target: max_len - 1, plus <bos>/<eos>)
     batch_size: int = 64
-    val_fraction: float = 0.1
     seed: int = 0  # of the held-out split
-    num_workers: int = 0
-    cache_dir: Optional[str] = None  # None: $MODFORGE_CACHE, else ~/.cache/modforge
 
     @property
     def positions(self) -> int:
@@ -60,10 +54,9 @@ class ParallelConfig:
             raise ConfigError("data.val_path and data.val_src_path/val_tgt_path: give one or the other")
         if bool(self.val_src_path) != bool(self.val_tgt_path):
             raise ConfigError("data.val_src_path and data.val_tgt_path: give both, or neither")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
-        if self.max_len < 2 or self.batch_size < 1:
-            raise ConfigError("data.max_len must be >= 2 and data.batch_size >= 1")
+        super().__post_init__()
+        if self.max_len < 2:
+            raise ConfigError(f"data.max_len={self.max_len}: must be >= 2")
 
 
 def read_tsv_pairs(path: str, key: str) -> list[tuple[str, str]]:

@@ -347,6 +347,25 @@ def rechunk(pieces: Iterable[str], size: int) -> Iterator[str]:
         yield "".join(parts)
 
 
+@dataclass
+class TokenizedDataConfig:
+    """Keys every tokenized dataset shares (subclasses add theirs; all have defaults)."""
+
+    tokenizer: str = "char"  # char | byte | bpe (any registered tokenizer)
+    vocab_size: Optional[int] = None  # bpe: vocabulary size incl. specials and bytes (None: 4096)
+    tokenizer_path: Optional[str] = None  # bpe: load this tokenizer.json instead of training one
+    batch_size: int = 32
+    val_fraction: float = 0.1
+    num_workers: int = 0
+    cache_dir: Optional[str] = None  # None: $MODFORGE_CACHE, else ~/.cache/modforge
+
+    def __post_init__(self):
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
+        if self.batch_size < 1:
+            raise ConfigError(f"data.batch_size={self.batch_size}: must be >= 1")
+
+
 # data-config key -> tokenizer-config field it is passed to
 TOKENIZER_KEYS = {"vocab_size": "vocab_size", "tokenizer_path": "path"}
 

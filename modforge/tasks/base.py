@@ -33,6 +33,15 @@ class Task(L.LightningModule):
         self.tokenizer = load_tokenizer(tokenizer_state)
         self.model = build("model", run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size)
         self.tokens_seen = 0
+        self.context_len = self._trained_context()
+
+    def _trained_context(self) -> int:
+        """Longest context the model was trained on: the data's sequence length, capped by model.max_len."""
+        try:
+            positions = getattr(make_config("data", self.run_cfg["data"])[1], "positions", None)
+        except Exception:  # noqa: BLE001 - e.g. a checkpoint whose data plugin is not installed here
+            positions = None
+        return min(positions or self.model.cfg.max_len, self.model.cfg.max_len)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self):

@@ -41,7 +41,7 @@ class CausalLM(Task):
         was_training = self.training
         self.eval()
         out = generate(self.model, self.tokenizer, prompt=prompt, strategy="sample", max_new=max_new,
-                       temperature=temperature, top_k=top_k or None, seed=seed)
+                       temperature=temperature, top_k=top_k or None, seed=seed, max_context=self.context_len)
         self.train(was_training)
         return prompt + out
 
