@@ -90,10 +90,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "params": n_params,
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
-        "tokens_seen": task.tokens_seen,
+        "tokens_seen": task.tokens_seen * trainer.world_size,  # every rank sees its own shard
         "fit_seconds": round(fit_seconds, 2),
         "train_seconds": round(timer.train_seconds, 2),
-        "tokens_per_sec": round(task.tokens_seen / timer.train_seconds, 1) if timer.train_seconds > 0 else None,
+        "tokens_per_sec": (round(task.tokens_seen * trainer.world_size / timer.train_seconds, 1)
+                           if timer.train_seconds > 0 else None),
         "wall_seconds": round(time.perf_counter() - t_start, 2),
         "checkpoint": ckpt.last_model_path or None,
         "config": {g: plain[g].get("name") for g in PART_GROUPS if g in plain},

@@ -125,3 +125,18 @@ def test_data_longer_than_model_positions_fails_before_training(tmp_path):
     cfg = compose(tiny_overrides(steps=1) + ["data.block_size=100"])  # tiny model: max_len=64
     with pytest.raises(ConfigError, match=r"model.max_len=64 .*data=stdlib \(100 positions"):
         run(cfg, tmp_path)
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_with_two_processes(tmp_path):
+    """trainer=ddp with the gloo backend: two processes, one run directory, global token count."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "modforge.train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+           "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=4",
+           "trainer.limit_val_batches=2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+           "data.max_chars=50000", "sample=false", f"hydra.run.dir={run_dir}"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
+    assert math.isfinite(m["val"]["val/loss"])

@@ -187,7 +187,6 @@ class ClassifyData(L.LightningDataModule):
             "train_examples": len(train), "val_examples": len(val), "n_labels": len(labels),
             "majority_val_acc": float(counts.max()) / len(val),
         }
-        self.example_source = val[0][0]
         return tok
 
     def setup(self, stage: Optional[str] = None) -> None:

@@ -141,7 +141,6 @@ class ParallelData(L.LightningDataModule):
             return [(tok.encode(s)[: c.max_len], tok.encode(t)[: c.max_len - 1]) for s, t in pairs]
 
         self.train_set, self.val_set, self.tokenizer = encode(train), encode(val), tok
-        self.example_source = val[0][0]
         self.stats = {
             "train_pairs": len(train), "val_pairs": len(val),
             "max_src_tokens": max(len(s) for s, _ in self.train_set + self.val_set),
