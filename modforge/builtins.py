@@ -15,3 +15,4 @@ import modforge.tasks.seq2seq  # noqa: F401
 import modforge.data.classify  # noqa: F401
 import modforge.data.parallel  # noqa: F401
 import modforge.tasks.classify  # noqa: F401
+import modforge.trainer_schema  # noqa: F401  (the trainer group's schema, not a component)

@@ -35,7 +35,10 @@ def check_overrides(args: Iterable[str]) -> None:
         if ov.is_delete() or ov.package:
             continue
         head, _, sub = key.partition(".")
-        if head not in kinds or head in ("trainer",):
+        if head == "trainer" and sub and "." not in sub and not key.startswith("trainer/"):
+            _check_trainer_key(sub)
+            continue
+        if head not in kinds:
             continue
         reg = registry.registry(head)
         if not sub:
@@ -50,6 +53,19 @@ def check_overrides(args: Iterable[str]) -> None:
                     f"{key}: no {head} option has a key '{sub}'.{registry.suggest(sub, fields)} "
                     f"Keys of {head} options: {', '.join(fields)}."
                 )
+
+
+def _check_trainer_key(key: str) -> None:
+    from modforge.trainer_schema import SET_BY_MODFORGE, trainer_arguments
+
+    if key in SET_BY_MODFORGE:
+        raise registry.ConfigError(f"trainer.{key}: set by modforge itself, not from the config")
+    allowed = sorted(trainer_arguments())
+    if key not in allowed:
+        raise registry.ConfigError(
+            f"trainer.{key}: not an argument of lightning.Trainer.{registry.suggest(key, allowed)} "
+            f"Arguments: {', '.join(allowed)}."
+        )
 
 
 def to_plain(cfg: DictConfig) -> dict:

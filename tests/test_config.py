@@ -36,3 +36,15 @@ def test_wrong_type_fails_at_compose_time():
 def test_unknown_option_fails_before_composition():
     with pytest.raises(UnknownComponentError, match="Did you mean 'encoder_only'"):
         compose(["model=encoder_onyl"])
+
+
+def test_any_trainer_argument_is_a_key_and_typos_suggest():
+    from modforge.registry import ConfigError
+
+    cfg = compose(["trainer.accumulate_grad_batches=2", "trainer.enable_progress_bar=false", "trainer=gpu"])
+    assert cfg.trainer.accumulate_grad_batches == 2 and cfg.trainer.enable_progress_bar is False
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.max_steps == 2000  # gpu inherits cpu's settings
+    with pytest.raises(ConfigError, match="trainer.acumulate_grad_batches.*Did you mean 'accumulate_grad_batches'"):
+        compose(["trainer.acumulate_grad_batches=2"])
+    with pytest.raises(ConfigError, match="set by modforge"):
+        compose(["trainer.logger=false"])

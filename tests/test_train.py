@@ -49,7 +49,13 @@ def test_run_resumes_from_last_checkpoint(tmp_path):
 def test_bad_trainer_key_is_a_clear_error(tmp_path):
     from modforge.registry import ConfigError
 
-    cfg = compose(tiny_overrides(steps=1) + ["+trainer.max_stepz=3"])
+    with pytest.raises(ConfigError, match="trainer.max_stepz.*Did you mean 'max_steps'"):
+        compose(tiny_overrides(steps=1) + ["+trainer.max_stepz=3"])  # caught on the command line
+    from omegaconf import open_dict
+
+    cfg = compose(tiny_overrides(steps=1))
+    with open_dict(cfg):
+        cfg.trainer.max_stepz = 3  # a config edited in code is checked again before any work
     with pytest.raises(ConfigError, match="trainer.max_stepz.*Did you mean 'max_steps'"):
         run(cfg, tmp_path)
 
