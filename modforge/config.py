@@ -36,7 +36,7 @@ def check_overrides(args: Iterable[str]) -> None:
             continue
         head, _, sub = key.partition(".")
         if head == "trainer" and sub and "." not in sub and not key.startswith("trainer/"):
-            _check_trainer_key(sub)
+            check_trainer_key(sub)
             continue
         if head not in kinds:
             continue
@@ -55,7 +55,8 @@ def check_overrides(args: Iterable[str]) -> None:
                 )
 
 
-def _check_trainer_key(key: str) -> None:
+def check_trainer_key(key: str) -> None:
+    """``key`` must be a Trainer argument that a config may set (see modforge.trainer_schema)."""
     from modforge.trainer_schema import SET_BY_MODFORGE, trainer_arguments
 
     if key in SET_BY_MODFORGE:

@@ -11,7 +11,6 @@ reference the cached path is tested against.
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 
 class Stepper:

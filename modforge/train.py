@@ -4,7 +4,6 @@ Thin on purpose: load the registry (built-ins and plugins), check the command
 line, let Hydra compose, then build data, task and Trainer and fit. Any
 :class:`~modforge.registry.ModforgeError` is printed as one line, with no traceback.
 """
-import inspect
 import json
 import math
 import sys
@@ -15,7 +14,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.config import CONF_DIR, check_overrides, to_plain
+from modforge.config import CONF_DIR, check_overrides, check_trainer_key, to_plain
 
 PART_GROUPS = ("model", "task", "data", "norm", "residual", "ffn", "pos", "attention", "optim", "scheduler")
 
@@ -35,14 +34,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def check_trainer_keys(trainer_cfg: Any) -> None:
-    import lightning as L
-
-    allowed = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
     for key in trainer_cfg:
-        if key not in allowed:
-            raise registry.ConfigError(
-                f"trainer.{key}: not an argument of lightning.Trainer.{registry.suggest(key, allowed)}"
-            )
+        check_trainer_key(key)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:

@@ -20,10 +20,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
+from modforge.data.examples import ExamplesData
 from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
 from modforge.data.tokenizers import BOS, PAD, TokenizedDataConfig, Tokenizer, make_tokenizer
 from modforge.registry import ConfigError, register
@@ -135,17 +134,14 @@ def collate_labeled(batch) -> dict:
 
 
 @register("data", "classify", config=ClassifyDataConfig)
-class ClassifyData(L.LightningDataModule):
+class ClassifyData(ExamplesData):
     """Labelled text from CSV or JSONL (text, label) for sequence classification (task=classify)."""
 
+    collate = staticmethod(collate_labeled)
+
     def __init__(self, cfg: ClassifyDataConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tokenizer: Optional[Tokenizer] = None
+        super().__init__(cfg)
         self.labels: list[str] = []
-        self.train_set: list = []
-        self.val_set: list = []
-        self.stats: dict = {}
 
     def split(self) -> tuple[list, list, str]:
         c = self.cfg
@@ -188,16 +184,3 @@ class ClassifyData(L.LightningDataModule):
             "majority_val_acc": float(counts.max()) / len(val),
         }
         return tok
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        self.prepare()
-
-    def train_dataloader(self) -> DataLoader:
-        c = self.cfg
-        return DataLoader(self.train_set, batch_size=c.batch_size, shuffle=True, collate_fn=collate_labeled,
-                          num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
-
-    def val_dataloader(self) -> DataLoader:
-        c = self.cfg
-        return DataLoader(self.val_set, batch_size=c.batch_size, collate_fn=collate_labeled,
-                          num_workers=c.num_workers)

@@ -17,9 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-import lightning as L
-from torch.utils.data import DataLoader
 
+from modforge.data.examples import ExamplesData
 from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
 from modforge.data.seq2seq import collate_pairs
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer
@@ -101,16 +100,11 @@ def read_aligned(src_path: str, tgt_path: str, src_key: str, tgt_key: str) -> li
 
 
 @register("data", "parallel", config=ParallelConfig)
-class ParallelData(L.LightningDataModule):
+class ParallelData(ExamplesData):
     """Parallel text (TSV, or two aligned files) for encoder-decoder models; padding masks on both sides."""
 
-    def __init__(self, cfg: ParallelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tokenizer: Optional[Tokenizer] = None
-        self.train_set: list = []
-        self.val_set: list = []
-        self.stats: dict = {}
+    collate = staticmethod(collate_pairs)
+
 
     def read(self) -> tuple[list, list]:
         c = self.cfg
@@ -147,15 +141,3 @@ class ParallelData(L.LightningDataModule):
             "max_tgt_tokens": max(len(t) for _, t in self.train_set + self.val_set) + 1,
         }
         return tok
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        self.prepare()
-
-    def train_dataloader(self) -> DataLoader:
-        c = self.cfg
-        return DataLoader(self.train_set, batch_size=c.batch_size, shuffle=True, collate_fn=collate_pairs,
-                          num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
-
-    def val_dataloader(self) -> DataLoader:
-        c = self.cfg
-        return DataLoader(self.val_set, batch_size=c.batch_size, collate_fn=collate_pairs, num_workers=c.num_workers)
