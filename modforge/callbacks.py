@@ -1,7 +1,13 @@
-"""Lightning callbacks of our own (the rest are Lightning's)."""
+"""Lightning callbacks and plugins of our own (the rest are Lightning's)."""
 import time
+from pathlib import Path
+from typing import Any, Optional
 
 import lightning as L
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from modforge.data.cache import atomic_file
 
 
 class TrainTimer(L.Callback):
@@ -33,3 +39,20 @@ class TrainTimer(L.Callback):
         if self._t0 is not None:
             self.train_seconds += time.perf_counter() - self._t0
             self._t0 = None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints on local disk written to a temporary file beside the target, fsynced, then renamed.
+
+    Lightning's own save serialises to memory and then writes the target in a
+    fsspec transaction whose temporary file lives in the system temp directory;
+    when that is another filesystem the final "rename" is a copy, and a crash
+    during it leaves a truncated ``last.ckpt``. Here a crash at any point leaves
+    the previous checkpoint intact. Remote URLs (``s3://`` ...) keep Lightning's path.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        with atomic_file(Path(path), "wb", durable=True) as fh:
+            torch.save(checkpoint, fh)

@@ -23,6 +23,7 @@ def validate(cfg: DictConfig) -> None:
     """Resolve every component group to its typed config now, before any work is done."""
     typed = {g: registry.make_config(g, cfg[g])[1] for g in PART_GROUPS if g in cfg}
     check_trainer_keys(cfg.trainer)
+    resume_path(cfg.get("resume"))
     # the longest sequence the data can produce must fit the model's positions / KV cache
     data, model = typed.get("data"), typed.get("model")
     longest = getattr(data, "positions", 0)  # data configs declare it; plugins may omit it
@@ -31,6 +32,21 @@ def validate(cfg: DictConfig) -> None:
             f"model.max_len={model.max_len} is shorter than the sequences of data={cfg.data.name} ({longest} "
             "positions, from its block_size / max_len); raise model.max_len or shorten the data"
         )
+
+
+def resume_path(value: Any) -> Optional[str]:
+    """``resume=``: a checkpoint file, or a run directory (its ``checkpoints/last.ckpt``); None for a fresh run."""
+    if value in (None, "", False):
+        return None
+    path = Path(str(value)).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+    if not path.is_file():
+        raise registry.ConfigError(
+            f"resume={value}: no checkpoint at {path}; give a .ckpt file or a run directory that has "
+            "checkpoints/last.ckpt (e.g. resume=outputs/<date>/<time>)"
+        )
+    return str(path)
 
 
 def check_trainer_keys(trainer_cfg: Any) -> None:
@@ -44,7 +60,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from modforge.callbacks import TrainTimer
+    from modforge.callbacks import AtomicCheckpointIO, TrainTimer
 
     t_start = time.perf_counter()
     registry.load_all()
@@ -66,13 +82,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                            save_top_k=1, save_last=True, auto_insert_metric_name=False)
     trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), default_root_dir=str(out_dir),
                         logger=CSVLogger(str(out_dir), name="logs", version=""),
-                        callbacks=[ckpt, LearningRateMonitor(logging_interval="step"), timer])
+                        callbacks=[ckpt, LearningRateMonitor(logging_interval="step"), timer],
+                        plugins=[AtomicCheckpointIO()])
 
+    resume = resume_path(cfg.resume)
     start_loss: Optional[float] = None
-    if cfg.eval_at_start and not cfg.resume:
+    if cfg.eval_at_start and not resume:
         start_loss = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
     t_fit = time.perf_counter()
-    trainer.fit(task, datamodule=dm, ckpt_path=cfg.resume)
+    trainer.fit(task, datamodule=dm, ckpt_path=resume)
     fit_seconds = time.perf_counter() - t_fit
     final = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
 

@@ -46,6 +46,46 @@ def test_run_resumes_from_last_checkpoint(tmp_path):
     assert second["tokens_seen"] == 6 * 12 * 64  # the counter is restored, not restarted
 
 
+def test_resume_takes_a_run_directory_and_checkpoints_go_through_the_atomic_writer(tmp_path, monkeypatch):
+    from modforge.callbacks import AtomicCheckpointIO
+
+    saved = []
+    real = AtomicCheckpointIO.save_checkpoint
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
+                        lambda self, ckpt, path, **kw: (saved.append(Path(path).name), real(self, ckpt, path, **kw)))
+    run(compose(tiny_overrides(steps=3) + ["data.max_chars=50000", "sample=false"]), tmp_path / "a")
+    assert "last.ckpt" in saved and "best.ckpt" in saved
+    second = run(compose(tiny_overrides(steps=5) + ["data.max_chars=50000", "sample=false", f"resume={tmp_path / 'a'}"]),
+                 tmp_path / "b")
+    assert second["steps"] == 5 and second["tokens_seen"] == 5 * 12 * 64
+
+
+def test_resume_from_a_missing_checkpoint_fails_before_any_work(tmp_path):
+    from modforge.registry import ConfigError
+
+    with pytest.raises(ConfigError, match=r"resume=.*nope: no checkpoint at .*nope.*run directory"):
+        run(compose(tiny_overrides(steps=1) + [f"resume={tmp_path / 'nope'}"]), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_save_killed_midway_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    from modforge.callbacks import AtomicCheckpointIO
+
+    io, target = AtomicCheckpointIO(), tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"global_step": 1}, target)
+
+    def killed(obj, fh, *a, **k):
+        fh.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 2}, target)
+    monkeypatch.undo()
+    assert torch.load(target)["global_step"] == 1
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
 def test_bad_trainer_key_is_a_clear_error(tmp_path):
     from modforge.registry import ConfigError
 

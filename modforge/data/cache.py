@@ -58,15 +58,30 @@ def digest(obj: Any, n: int = 24) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "wb"):
-    """Open a temporary file beside ``path``; on success rename it to ``path`` (atomic), else delete it."""
+def atomic_file(path: Path, mode: str = "wb", durable: bool = False):
+    """Open a temporary file beside ``path``; on success rename it to ``path`` (atomic), else delete it.
+
+    Readers see the old file or the whole new one, never a part. ``durable``
+    also fsyncs the data before the rename and the directory after it, so the
+    new file survives a power cut too (checkpoints use it; caches, which can be
+    rebuilt, don't pay for it).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
             yield fh
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
+        if durable and hasattr(os, "O_DIRECTORY"):
+            fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
