@@ -1,6 +1,7 @@
 """Config plumbing shared by the entry points: where the YAML lives, checking the
 command line against the registry, and composing in-process (tests, notebooks)."""
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -67,6 +68,23 @@ def check_trainer_key(key: str) -> None:
             f"trainer.{key}: not an argument of lightning.Trainer.{registry.suggest(key, allowed)} "
             f"Arguments: {', '.join(allowed)}."
         )
+
+
+def run_dirname(overrides: str, limit: int = 120) -> str:
+    """One safe directory name for a sweep job, from Hydra's ``override_dirname``.
+
+    Hydra puts the overrides into the name as they are, so ``data.path=../a/b.txt``
+    would nest the job three directories deep and a long sweep line would pass
+    the file system's 255-byte limit. Here ``/`` becomes ``_`` and a name longer
+    than ``limit`` is cut and ends in a hash of the whole, so names stay distinct.
+    """
+    name = overrides.replace("/", "_").replace("\\", "_") or "defaults"
+    if len(name) > limit:
+        name = name[: limit - 9] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name
+
+
+OmegaConf.register_new_resolver("modforge_dirname", run_dirname, replace=True)
 
 
 def to_plain(cfg: DictConfig) -> dict:

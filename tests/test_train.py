@@ -116,6 +116,31 @@ def test_cli_trains_and_learns(tmp_path, args):
     assert "== modforge run" in out
 
 
+def test_sweep_job_directory_names_are_flat_and_bounded():
+    from modforge.config import run_dirname
+
+    assert run_dirname("data.path=../shared/a.txt,norm=rms") == "data.path=.._shared_a.txt,norm=rms"
+    long_a, long_b = "norm=rms," + "x" * 300, "norm=rms," + "x" * 299 + "y"
+    assert len(run_dirname(long_a)) == 120 and run_dirname(long_a) != run_dirname(long_b)
+    assert run_dirname("") == "defaults"
+
+
+@pytest.mark.slow
+def test_cli_sweep_runs_every_job_into_its_own_flat_directory(tmp_path):
+    corpus = tmp_path / "corpus" / "text.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("".join(f"line {i}: to be, or not to be\n" for i in range(3000)))
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "modforge.train", "-m", "norm=layer,rms", "data=text", f"data.path={corpus}",
+           "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4", "trainer.val_check_interval=4",
+           "trainer.limit_val_batches=2", "sample=false", f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert [d.name.split("_", 1)[0] for d in jobs] == ["0", "1"]
+    assert {json.loads((d / "metrics.json").read_text())["config"]["norm"] for d in jobs} == {"layer", "rms"}
+
+
 @pytest.mark.slow
 def test_cli_unknown_option_is_one_clear_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "modforge.train", "norm=rmss"], capture_output=True, text=True,
