@@ -4,8 +4,10 @@ Thin on purpose: load the registry (built-ins and plugins), check the command
 line, let Hydra compose, then build data, task and Trainer and fit. Any
 :class:`~modforge.registry.ModforgeError` is printed as one line, with no traceback.
 """
+import contextlib
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -61,13 +63,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from lightning.pytorch.loggers import CSVLogger
 
     from modforge.callbacks import AtomicCheckpointIO, TrainTimer
+    from modforge.data.cache import atomic_file
 
     t_start = time.perf_counter()
     registry.load_all()
     validate(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(plain))
+    with atomic_file(out_dir / "config.yaml", "w") as fh:  # every DDP rank writes it: whole files only
+        fh.write(OmegaConf.to_yaml(plain))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     dm = registry.build("data", cfg.data)
@@ -113,7 +117,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.sample and trainer.is_global_zero:
         metrics["sample"] = task.summary_sample()
     if trainer.is_global_zero:
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        with atomic_file(out_dir / "metrics.json", "w") as fh:
+            fh.write(json.dumps(metrics, indent=2) + "\n")
         print_summary(metrics, out_dir)
     return metrics
 
@@ -141,6 +146,43 @@ def print_summary(m: dict, out_dir: Path) -> None:
     print(f"   outputs: {out_dir}")
 
 
+@contextlib.contextmanager
+def sweep_job():
+    """Let a multirun job use DDP: Lightning's relaunch must run this job only, and the next job start clean.
+
+    Lightning starts ranks 1..N-1 as ``python -m modforge.train <sys.argv[1:]>
+    hydra.run.dir=<HydraConfig run.dir>`` (Lightning issues #11300, #2727).
+    Inside a multirun, sys.argv still holds ``-m`` and the whole sweep and
+    ``run.dir`` is not the job's directory, so each rank would start the sweep
+    over elsewhere: here sys.argv becomes this job's overrides and ``run.dir``
+    its directory. Afterwards the process group is destroyed and the
+    environment variables Lightning set (LOCAL_RANK, WORLD_SIZE, MASTER_PORT ...)
+    are removed; otherwise the next job would believe its ranks already exist.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import read_write
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        yield
+        return
+    argv, env = list(sys.argv), dict(os.environ)
+    sys.argv = [sys.argv[0], *hc.overrides.task]
+    with read_write(hc.run):
+        hc.run.dir = hc.runtime.output_dir
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(env)
+
+
 def main(argv: Optional[list] = None) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -156,7 +198,8 @@ def main(argv: Optional[list] = None) -> None:
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:
         try:
-            m = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+            with sweep_job():
+                m = run(cfg, Path(HydraConfig.get().runtime.output_dir))
         except registry.ModforgeError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)

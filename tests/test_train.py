@@ -204,3 +204,22 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
     assert math.isfinite(m["val"]["val/loss"])
+
+
+@pytest.mark.slow
+def test_ddp_inside_a_sweep_runs_each_job_once_in_its_own_directory(tmp_path):
+    """Lightning relaunches DDP ranks from sys.argv (#11300): inside -m they must run their job, not the sweep."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "modforge.train", "-m", "norm=layer,rms", "trainer=ddp", "trainer.accelerator=cpu",
+           "trainer.devices=2", "trainer.precision=32-true", "trainer.max_steps=2", "trainer.val_check_interval=2",
+           "trainer.limit_val_batches=2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+           "data.max_chars=50000", "sample=false", "eval_at_start=false", f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert len(jobs) == 2, [d.name for d in jobs]
+    for job, norm in zip(jobs, ("layer", "rms")):
+        m = json.loads((job / "metrics.json").read_text())
+        assert m["config"]["norm"] == norm and m["tokens_seen"] == 2 * 2 * 12 * 64  # both ranks counted
+        assert (job / "train_ddp_process_1.log").exists()  # rank 1 ran in this job's directory
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
