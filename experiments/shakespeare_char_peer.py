@@ -1,22 +1,36 @@
-"""A plain-PyTorch peer for experiment=shakespeare_char: same model, same recipe, no modforge, no Lightning.
+"""A plain-PyTorch mirror of nanoGPT's CPU shakespeare_char run, for experiment=shakespeare_char.
 
     python experiments/shakespeare_char_peer.py ../shared/data/tinyshakespeare/input.txt [--seed 1337]
 
-The model is benchmarks/train_step.py's peer (torch.nn.TransformerEncoder with
-norm_first=True, a causal mask, learned positions, final LayerNorm, tied head;
-no biases) with GPT-2 initialisation (N(0, 0.02), residual projections
-0.02/sqrt(2 * layers)), trained by a hand-written loop in nanoGPT's style:
-random windows drawn with replacement, AdamW (lr 1e-3, betas 0.9/0.99, weight
-decay 0.1 on matrices), 100 warm-up steps then cosine to 1e-4, gradient
-clipping 1.0, 2000 steps. The vocabulary is the corpus's characters (no special
-tokens), the split the first 90% / last 10% of characters, as nanoGPT's
-prepare.py. It prints the validation loss two ways: over every non-overlapping
-window of the validation split (what modforge reports) and nanoGPT's
-estimator (mean over 20 random batches of 12 windows).
+No modforge, no Lightning. Written for this study (not copied) to follow
+nanoGPT's train.py / model.py as its README's CPU command runs them:
+
+    python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20
+      --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+      --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+
+and, beyond the recipe, in the order it draws random numbers, so that with
+``--seed 1337`` (nanoGPT's hard-coded seed) it replays nanoGPT's own run up to
+floating-point differences between machines:
+
+* modules are built in nanoGPT's order (wte, wpe, then per block ln_1, c_attn,
+  c_proj, ln_2, c_fc, c_proj; ln_f, lm_head), each with torch's default
+  initialisation, then re-initialised N(0, 0.02) in ``Module.apply`` order
+  (the tied wte/lm_head matrix twice), then every ``c_proj`` N(0, 0.02/sqrt(2L));
+* one global generator serves batches and evaluation: the first training batch
+  is drawn before the loop, and every 250 steps (step 0 included) the
+  evaluation draws 20 training then 20 validation batches of random windows;
+* the learning rate at iteration ``it`` is lr*(it+1)/(warmup+1) during warm-up,
+  then cosine from 1e-3 to 1e-4 at iteration 2000.
+
+The vocabulary is the corpus's sorted characters (65, no special tokens), the
+split the first 90% / last 10% (nanoGPT's prepare.py). It prints nanoGPT's
+estimate at every evaluation ("step N: train loss ..., val loss ...") and,
+at the end, the loss over every non-overlapping 64-character window of the
+validation split, which is what modforge reports.
 """
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -24,25 +38,87 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import train_step  # noqa: E402  (the peer model, shared with the speed benchmark)
-
-T, B, STEPS, WARMUP, LR, MIN_LR = 64, 12, 2000, 100, 1e-3, 1e-4
+BLOCK, BATCH, LAYERS, HEADS, D = 64, 12, 4, 4, 128
+STEPS, WARMUP, LR, MIN_LR, EVAL_EVERY, EVAL_ITERS = 2000, 100, 1e-3, 1e-4, 250, 20
 
 
-def gpt2_init(model: nn.Module, n_layers: int) -> None:
-    for name, p in model.named_parameters():
-        if p.dim() < 2:
-            continue
-        scaled = name.endswith("out_proj.weight") or name.endswith("linear2.weight")
-        nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layers) if scaled else 0.02)
+class LayerNorm(nn.Module):  # LayerNorm without a bias (nanoGPT's bias=False)
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(D, 3 * D, bias=False)
+        self.c_proj = nn.Linear(D, D, bias=False)
+        self.resid_dropout = nn.Dropout(0.0)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, HEADS, D // HEADS).transpose(1, 2) for z in self.c_attn(x).split(D, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, D)))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = nn.Linear(D, 4 * D, bias=False)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * D, D, bias=False)
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2, self.mlp = LayerNorm(D), Attention(), LayerNorm(D), MLP()
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, D), wpe=nn.Embedding(BLOCK, D), drop=nn.Dropout(0.0),
+            h=nn.ModuleList([Block() for _ in range(LAYERS)]), ln_f=LayerNorm(D)))
+        self.lm_head = nn.Linear(D, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * LAYERS))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        tr = self.transformer
+        x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1])))
+        for block in tr.h:
+            x = block(x)
+        logits = self.lm_head(tr.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
 
 
 def lr_at(it: int) -> float:
     if it < WARMUP:
         return LR * (it + 1) / (WARMUP + 1)
     ratio = (it - WARMUP) / (STEPS - WARMUP)
-    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * min(ratio, 1.0))) * (LR - MIN_LR)
+    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
 
 
 def main() -> None:
@@ -55,55 +131,56 @@ def main() -> None:
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     cut = int(len(data) * 0.9)
-    train, val = data[:cut], data[cut:]
+    splits = {"train": data[:cut], "val": data[cut:]}
 
-    train_step.V = len(chars)
+    def batch(split):
+        d = splits[split]
+        ix = torch.randint(len(d) - BLOCK, (BATCH,))
+        return (torch.stack([d[i : i + BLOCK] for i in ix]), torch.stack([d[i + 1 : i + 1 + BLOCK] for i in ix]))
+
     torch.manual_seed(a.seed)
-    model = train_step.Peer()
-    for layer in model.blocks.layers:  # no biases, as nanoGPT's bias=False
-        for mod in (layer.linear1, layer.linear2, layer.self_attn.out_proj):
-            mod.bias = None
-        layer.self_attn.in_proj_bias = None
-        for ln in (layer.norm1, layer.norm2):
-            ln.bias = None
-    model.ln.bias = None
-    gpt2_init(model, len(model.blocks.layers))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+    model = GPT(len(chars))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.99))
-    t0 = time.perf_counter()
-    for it in range(STEPS):
+
+    @torch.no_grad()
+    def estimate():
+        model.eval()
+        out = {s: sum(model(*batch(s)).mean().item() for _ in range(EVAL_ITERS)) / EVAL_ITERS for s in ("train", "val")}
+        model.train()
+        return out
+
+    x, y = batch("train")
+    t0, train_s = time.perf_counter(), 0.0
+    for it in range(STEPS + 1):
         for g in opt.param_groups:
             g["lr"] = lr_at(it)
-        ix = torch.randint(len(train) - T, (B,))
-        x = torch.stack([train[i : i + T] for i in ix])
-        y = torch.stack([train[i + 1 : i + T + 1] for i in ix])
-        loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
+        if it % EVAL_EVERY == 0:
+            train_s += time.perf_counter() - t0
+            est = estimate()
+            print(f"step {it}: train loss {est['train']:.4f}, val loss {est['val']:.4f}", flush=True)
+            t0 = time.perf_counter()
+        if it == STEPS:  # nanoGPT takes one more step after this evaluation, which no reported figure sees
+            break
+        loss = model(x, y).mean()
+        x, y = batch("train")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    train_s = time.perf_counter() - t0
+        opt.zero_grad(set_to_none=True)
+
     model.eval()
+    val = splits["val"]
     with torch.no_grad():
-        starts = torch.arange(0, len(val) - T, T)
-        total, n = 0.0, 0
-        for k in range(0, len(starts), 64):
-            s = starts[k : k + 64]
-            x = torch.stack([val[i : i + T] for i in s])
-            y = torch.stack([val[i + 1 : i + T + 1] for i in s])
-            total += F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1), reduction="sum").item()
-            n += y.numel()
-        g = torch.Generator().manual_seed(0)
-        est = []
-        for _ in range(20):
-            ix = torch.randint(len(val) - T, (B,), generator=g)
-            x = torch.stack([val[i : i + T] for i in ix])
-            y = torch.stack([val[i + 1 : i + T + 1] for i in ix])
-            est.append(F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1)).item())
-    print(f"seed {a.seed}: val loss over the whole split {total / n:.4f}; nanoGPT-style 20-batch estimate "
-          f"{sum(est) / len(est):.4f}; {STEPS} steps in {train_s:.1f} s ({STEPS * B * T / train_s:,.0f} tokens/s)")
+        starts = torch.arange(0, len(val) - BLOCK, BLOCK)
+        total = sum(model(torch.stack([val[i : i + BLOCK] for i in s]),
+                          torch.stack([val[i + 1 : i + 1 + BLOCK] for i in s])).sum().item()
+                    for s in starts.split(64))
+    whole = total / (len(starts) * BLOCK)
+    print(f"seed {a.seed}: nanoGPT estimate at step {STEPS}: val {est['val']:.4f}; val loss over the whole split "
+          f"{whole:.4f}; {STEPS} steps in {train_s:.1f} s ({STEPS * BATCH * BLOCK / train_s:,.0f} tokens/s)")
 
 
 if __name__ == "__main__":
