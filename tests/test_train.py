@@ -36,6 +36,10 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     with torch.no_grad():
         assert torch.isfinite(task.model(x)).all()
     assert task.tokenizer.decode(task.tokenizer.encode("def f():")) == "def f():"
+    # ... also in a fresh interpreter that has not loaded the registry
+    code = f"from modforge.tasks.base import load_checkpoint; print(load_checkpoint({m['checkpoint']!r}).run_cfg['pos']['name'])"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "rope", p.stderr[-2000:]
 
 
 def test_run_resumes_from_last_checkpoint(tmp_path):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from modforge.data.tokenizers import load_tokenizer
 from modforge.models.blocks import Parts
-from modforge.registry import build, make_config
+from modforge.registry import build, load_all, make_config
 
 
 @dataclass
@@ -77,6 +77,7 @@ def bits(nats: float) -> float:
 
 def load_checkpoint(path: str, map_location: str = "cpu") -> Task:
     """Rebuild a task (model + tokenizer) from a checkpoint file alone, in eval mode."""
+    load_all()  # built-ins and plugins: the checkpoint names its components
     ckpt = torch.load(path, map_location=map_location, weights_only=False)
     hp = ckpt["hyper_parameters"]
     entry, task_cfg = make_config("task", hp["run_cfg"]["task"])
