@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from modforge.data.cache import atomic_file
+from modforge.data.cache import atomic_file, remove_stale_temporaries
 
 
 class TrainTimer(L.Callback):
@@ -48,11 +48,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     fsspec transaction whose temporary file lives in the system temp directory;
     when that is another filesystem the final "rename" is a copy, and a crash
     during it leaves a truncated ``last.ckpt``. Here a crash at any point leaves
-    the previous checkpoint intact. Remote URLs (``s3://`` ...) keep Lightning's path.
+    the previous checkpoint intact; the temporary file of a killed process is
+    removed at the next save. Remote URLs (``s3://`` ...) keep Lightning's path.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
+        remove_stale_temporaries(Path(path))
         with atomic_file(Path(path), "wb", durable=True) as fh:
             torch.save(checkpoint, fh)

@@ -77,15 +77,36 @@ def atomic_file(path: Path, mode: str = "wb", durable: bool = False):
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
         if durable and hasattr(os, "O_DIRECTORY"):
-            fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with contextlib.suppress(OSError):  # some network / FUSE file systems refuse; the file is saved anyway
+                fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete temporary files that ``atomic_file`` left beside ``path`` in processes that no longer run (killed)."""
+    path = Path(path)
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but not ours (EPERM)
+        return True
+    return True
 
 
 def write_json(path: Path, obj: Any) -> None:
