@@ -3,7 +3,7 @@ command line against the registry, and composing in-process (tests, notebooks)."
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -70,17 +70,31 @@ def check_trainer_key(key: str) -> None:
         )
 
 
+def find_checkpoint(key: str, value: Any) -> Path:
+    """``key=value`` names a checkpoint: a .ckpt file, or a run directory (its ``checkpoints/last.ckpt``)."""
+    path = Path(str(value)).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
+    if not path.is_file():
+        raise registry.ConfigError(
+            f"{key}={value}: no checkpoint at {path}; give a .ckpt file or a run directory that has "
+            f"checkpoints/last.ckpt (e.g. {key}=outputs/<date>/<time>)"
+        )
+    return path
+
+
 def run_dirname(overrides: str, limit: int = 120) -> str:
     """One safe directory name for a sweep job, from Hydra's ``override_dirname``.
 
     Hydra puts the overrides into the name as they are, so ``data.path=../a/b.txt``
     would nest the job three directories deep and a long sweep line would pass
     the file system's 255-byte limit. Here ``/`` becomes ``_`` and a name longer
-    than ``limit`` is cut and ends in a hash of the whole, so names stay distinct.
+    than ``limit`` bytes is cut and ends in a hash of the whole, so names stay distinct.
     """
     name = overrides.replace("/", "_").replace("\\", "_") or "defaults"
-    if len(name) > limit:
-        name = name[: limit - 9] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    raw = name.encode()
+    if len(raw) > limit:  # bytes, not characters: the file system's limit is in bytes
+        name = raw[: limit - 9].decode(errors="ignore") + "-" + hashlib.sha256(raw).hexdigest()[:8]
     return name
 
 

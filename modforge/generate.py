@@ -3,7 +3,7 @@
 Rebuilds model and tokenizer from the checkpoint alone and prints the
 generated text. Keys (``key=value``, any order):
 
-  ckpt            checkpoint path (required), e.g. outputs/.../checkpoints/last.ckpt
+  ckpt            a checkpoint file or a run directory (required), e.g. outputs/<date>/<time> (its checkpoints/last.ckpt)
   prompt          text to continue (decoder_only), or a forced target prefix (encoder_decoder)
   src             source text (encoder_decoder models)
   strategy        greedy | beam | sample                       (default greedy)
@@ -54,7 +54,7 @@ def parse(argv: list) -> GenerateConfig:
         raise registry.ConfigError(str(e).splitlines()[0]) from None
     cfg = OmegaConf.to_object(cfg)
     if not cfg.ckpt:
-        raise registry.ConfigError("ckpt=<path to a .ckpt file> is required")
+        raise registry.ConfigError("ckpt=<a .ckpt file or a run directory> is required")
     if cfg.strategy not in STRATEGIES:
         raise registry.ConfigError(
             f"strategy={cfg.strategy}: allowed values are {', '.join(STRATEGIES)}.{registry.suggest(cfg.strategy, list(STRATEGIES))}"
@@ -63,15 +63,12 @@ def parse(argv: list) -> GenerateConfig:
 
 
 def run(cfg: GenerateConfig) -> list[str]:
-    from pathlib import Path
-
+    from modforge.config import find_checkpoint
     from modforge.tasks.base import load_checkpoint
 
-    if not Path(cfg.ckpt).is_file():
-        raise registry.ConfigError(f"ckpt={cfg.ckpt}: no such file")
-    registry.load_all()
+    path = find_checkpoint("ckpt", cfg.ckpt)
     try:
-        task = load_checkpoint(cfg.ckpt, map_location=cfg.device).to(cfg.device)
+        task = load_checkpoint(str(path), map_location=cfg.device).to(cfg.device)
     except registry.ModforgeError:
         raise
     except Exception as e:  # noqa: BLE001 - unreadable or foreign file -> one line

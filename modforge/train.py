@@ -16,7 +16,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.config import CONF_DIR, check_overrides, check_trainer_key, to_plain
+from modforge.config import CONF_DIR, check_overrides, check_trainer_key, find_checkpoint, to_plain
 
 PART_GROUPS = ("model", "task", "data", "norm", "residual", "ffn", "pos", "attention", "optim", "scheduler")
 
@@ -38,17 +38,7 @@ def validate(cfg: DictConfig) -> None:
 
 def resume_path(value: Any) -> Optional[str]:
     """``resume=``: a checkpoint file, or a run directory (its ``checkpoints/last.ckpt``); None for a fresh run."""
-    if value in (None, "", False):
-        return None
-    path = Path(str(value)).expanduser()
-    if path.is_dir():
-        path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
-    if not path.is_file():
-        raise registry.ConfigError(
-            f"resume={value}: no checkpoint at {path}; give a .ckpt file or a run directory that has "
-            "checkpoints/last.ckpt (e.g. resume=outputs/<date>/<time>)"
-        )
-    return str(path)
+    return None if value in (None, "", False) else str(find_checkpoint("resume", value))
 
 
 def check_trainer_keys(trainer_cfg: Any) -> None:
@@ -146,6 +136,23 @@ def print_summary(m: dict, out_dir: Path) -> None:
     print(f"   outputs: {out_dir}")
 
 
+_HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+_NOT_FOR_RANKS = ("hydra.sweep.", "hydra.mode=", "hydra.run.dir=", "hydra.job.name=", "hydra.output_subdir=")
+
+
+def job_argv(argv: list, hc: Any) -> list:
+    """The command line of one sweep job: Hydra's config flags and hydra.* overrides kept, the sweep replaced
+    by the job's own overrides, ``-m`` and the sweep/run directories dropped (Lightning adds the run dir)."""
+    flags, rest = [], iter(argv[1:])
+    for a in rest:
+        if a in _HYDRA_VALUE_FLAGS:
+            flags += [a, next(rest, "")]
+        elif a.split("=", 1)[0] in _HYDRA_VALUE_FLAGS:
+            flags.append(a)
+    hydra_overrides = [o for o in hc.overrides.hydra if not o.lstrip("+~").startswith(_NOT_FOR_RANKS)]
+    return [argv[0], *flags, *hydra_overrides, *hc.overrides.task]
+
+
 @contextlib.contextmanager
 def sweep_job():
     """Let a multirun job use DDP: Lightning's relaunch must run this job only, and the next job start clean.
@@ -154,8 +161,8 @@ def sweep_job():
     hydra.run.dir=<HydraConfig run.dir>`` (Lightning issues #11300, #2727).
     Inside a multirun, sys.argv still holds ``-m`` and the whole sweep and
     ``run.dir`` is not the job's directory, so each rank would start the sweep
-    over elsewhere: here sys.argv becomes this job's overrides and ``run.dir``
-    its directory. Afterwards the process group is destroyed and the
+    over elsewhere: here sys.argv becomes this job's command line (``job_argv``)
+    and ``run.dir`` its directory. Afterwards the process group is destroyed and the
     environment variables Lightning set (LOCAL_RANK, WORLD_SIZE, MASTER_PORT ...)
     are removed; otherwise the next job would believe its ranks already exist.
     """
@@ -168,7 +175,7 @@ def sweep_job():
         yield
         return
     argv, env = list(sys.argv), dict(os.environ)
-    sys.argv = [sys.argv[0], *hc.overrides.task]
+    sys.argv = job_argv(argv, hc)
     with read_write(hc.run):
         hc.run.dir = hc.runtime.output_dir
     try:
