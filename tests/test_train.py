@@ -42,12 +42,27 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "rope", p.stderr[-2000:]
 
 
-def test_run_resumes_from_last_checkpoint(tmp_path):
+def count_training_steps(monkeypatch) -> list:
+    """Record every training_step call of the causal_lm task (a resumed run must only take the remaining ones)."""
+    from modforge import registry
+
+    registry.load_all()
+    cls = registry.get("task", "causal_lm").cls
+    calls, real = [], cls.training_step
+    monkeypatch.setattr(cls, "training_step", lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])
+    return calls
+
+
+def test_run_resumes_from_last_checkpoint(tmp_path, monkeypatch):
+    steps = count_training_steps(monkeypatch)
     first = run(compose(tiny_overrides(steps=3) + ["data.max_chars=50000", "sample=false"]), tmp_path / "a")
+    assert len(steps) == 3
     cfg = compose(tiny_overrides(steps=6) + ["data.max_chars=50000", "sample=false", f"resume={first['checkpoint']}"])
     second = run(cfg, tmp_path / "b")
+    assert len(steps) == 3 + 3  # only the remaining three steps were trained
     assert second["steps"] == 6
     assert second["tokens_seen"] == 6 * 12 * 64  # the counter is restored, not restarted
+    assert second["val_loss_at_start"] is None
 
 
 def test_resume_takes_a_run_directory_and_checkpoints_go_through_the_atomic_writer(tmp_path, monkeypatch):
@@ -59,16 +74,21 @@ def test_resume_takes_a_run_directory_and_checkpoints_go_through_the_atomic_writ
                         lambda self, ckpt, path, **kw: (saved.append(Path(path).name), real(self, ckpt, path, **kw)))
     run(compose(tiny_overrides(steps=3) + ["data.max_chars=50000", "sample=false"]), tmp_path / "a")
     assert "last.ckpt" in saved and "best.ckpt" in saved
+    steps = count_training_steps(monkeypatch)
     second = run(compose(tiny_overrides(steps=5) + ["data.max_chars=50000", "sample=false", f"resume={tmp_path / 'a'}"]),
                  tmp_path / "b")
-    assert second["steps"] == 5 and second["tokens_seen"] == 5 * 12 * 64
+    assert len(steps) == 2 and second["steps"] == 5 and second["tokens_seen"] == 5 * 12 * 64
 
 
-def test_resume_from_a_missing_checkpoint_fails_before_any_work(tmp_path):
+@pytest.mark.parametrize("layout", ["missing", "empty run directory", "checkpoints/ without last.ckpt"])
+def test_resume_from_a_missing_checkpoint_fails_before_any_work(tmp_path, layout):
     from modforge.registry import ConfigError
 
-    with pytest.raises(ConfigError, match=r"resume=.*nope: no checkpoint at .*nope.*run directory"):
-        run(compose(tiny_overrides(steps=1) + [f"resume={tmp_path / 'nope'}"]), tmp_path / "out")
+    target = tmp_path / "nope"
+    if layout != "missing":
+        (target / "checkpoints" if "checkpoints" in layout else target).mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"resume=.*nope: no checkpoint at .*nope.*; give a \.ckpt file or a run directory"):
+        run(compose(tiny_overrides(steps=1) + [f"resume={target}"]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -88,6 +108,13 @@ def test_a_checkpoint_save_killed_midway_leaves_the_previous_one_whole(tmp_path,
     monkeypatch.undo()
     assert torch.load(target)["global_step"] == 1
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+    # a process killed outright (SIGKILL, OOM) leaves its temporary file: the next save removes it
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = target.parent / f".last.ckpt.{dead.pid}-0badf00d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    io.save_checkpoint({"global_step": 3}, target)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"] and torch.load(target)["global_step"] == 3
 
 
 def test_bad_trainer_key_is_a_clear_error(tmp_path):
@@ -127,6 +154,7 @@ def test_sweep_job_directory_names_are_flat_and_bounded():
     long_a, long_b = "norm=rms," + "x" * 300, "norm=rms," + "x" * 299 + "y"
     assert len(run_dirname(long_a)) == 120 and run_dirname(long_a) != run_dirname(long_b)
     assert run_dirname("") == "defaults"
+    assert len(run_dirname("data.path=" + "語" * 300).encode()) <= 120  # the limit is in bytes
 
 
 @pytest.mark.slow
@@ -168,9 +196,11 @@ def test_generate_cli_from_checkpoint_with_each_strategy(tmp_path, capsys):
     a = capsys.readouterr().out
     generate.main([f"ckpt={m['checkpoint']}", "prompt=x", "max_new=8", "strategy=sample", "seed=3"])
     assert capsys.readouterr().out == a  # seeded sampling is reproducible
+    generate.main([f"ckpt={tmp_path}", "prompt=x", "max_new=8", "strategy=sample", "seed=3"])
+    assert capsys.readouterr().out == a  # a run directory names its checkpoints/last.ckpt
 
 
-@pytest.mark.parametrize("argv,msg", [(["prompt=hi"], "ckpt=<path"), (["ckpt=/nonexistent.ckpt"], "no such file"),
+@pytest.mark.parametrize("argv,msg", [(["prompt=hi"], "ckpt=<a .ckpt file"), (["ckpt=/nonexistent.ckpt"], "no checkpoint at /nonexistent.ckpt"),
                                       (["ckpt=x", "strategy=nucleus"], None), (["ckpt=x", "beam=3"], "beam_size")])
 def test_generate_cli_errors_are_one_line(argv, msg, capsys, tmp_path):
     from modforge import generate
@@ -208,6 +238,20 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
     assert math.isfinite(m["val"]["val/loss"])
+
+
+def test_a_sweep_jobs_command_line_for_its_ddp_ranks():
+    from omegaconf import OmegaConf
+
+    from modforge.train import job_argv
+
+    hc = OmegaConf.create({"overrides": {
+        "hydra": ["hydra.sweep.dir=/tmp/s", "hydra.mode=MULTIRUN", "hydra.job.chdir=false", "hydra.verbose=true"],
+        "task": ["norm=rms", "trainer=ddp"]}})
+    argv = ["train.py", "-m", "--config-dir", "/my/conf", "-cn=mine", "norm=layer,rms", "trainer=ddp",
+            "hydra.sweep.dir=/tmp/s", "hydra.job.chdir=false", "hydra.verbose=true"]
+    assert job_argv(argv, hc) == ["train.py", "--config-dir", "/my/conf", "-cn=mine", "hydra.job.chdir=false",
+                                  "hydra.verbose=true", "norm=rms", "trainer=ddp"]
 
 
 @pytest.mark.slow
