@@ -174,6 +174,21 @@ def test_cli_sweep_runs_every_job_into_its_own_flat_directory(tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_sweep_with_the_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "modforge.train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+           "norm=layer,rms", "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4",
+           "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "data.max_chars=50000", "sample=false",
+           f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "Joblib.Parallel" in p.stdout + p.stderr  # really the joblib launcher, not the basic one
+    jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert {json.loads((d / "metrics.json").read_text())["config"]["norm"] for d in jobs} == {"layer", "rms"}
+
+
+@pytest.mark.slow
 def test_cli_unknown_option_is_one_clear_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "modforge.train", "norm=rmss"], capture_output=True, text=True,
                        cwd=tmp_path, timeout=120)
