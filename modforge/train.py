@@ -25,7 +25,6 @@ def validate(cfg: DictConfig) -> None:
     """Resolve every component group to its typed config now, before any work is done."""
     typed = {g: registry.make_config(g, cfg[g])[1] for g in PART_GROUPS if g in cfg}
     check_trainer_keys(cfg.trainer)
-    resume_path(cfg.get("resume"))
     # the longest sequence the data can produce must fit the model's positions / KV cache
     data, model = typed.get("data"), typed.get("model")
     longest = getattr(data, "positions", 0)  # data configs declare it; plugins may omit it
@@ -53,15 +52,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from lightning.pytorch.loggers import CSVLogger
 
     from modforge.callbacks import AtomicCheckpointIO, TrainTimer
-    from modforge.data.cache import atomic_file
+    from modforge.data.cache import write_text
 
     t_start = time.perf_counter()
     registry.load_all()
     validate(cfg)
+    resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
-    with atomic_file(out_dir / "config.yaml", "w") as fh:  # every DDP rank writes it: whole files only
-        fh.write(OmegaConf.to_yaml(plain))
+    write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     dm = registry.build("data", cfg.data)
@@ -79,7 +78,6 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                         callbacks=[ckpt, LearningRateMonitor(logging_interval="step"), timer],
                         plugins=[AtomicCheckpointIO()])
 
-    resume = resume_path(cfg.resume)
     start_loss: Optional[float] = None
     if cfg.eval_at_start and not resume:
         start_loss = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
@@ -107,8 +105,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.sample and trainer.is_global_zero:
         metrics["sample"] = task.summary_sample()
     if trainer.is_global_zero:
-        with atomic_file(out_dir / "metrics.json", "w") as fh:
-            fh.write(json.dumps(metrics, indent=2) + "\n")
+        write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
         print_summary(metrics, out_dir)
     return metrics
 

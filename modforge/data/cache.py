@@ -109,9 +109,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (readers, and other DDP ranks writing the same file, see whole files)."""
     with atomic_file(path, "w") as fh:
-        json.dump(obj, fh)
+        fh.write(text)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj))
 
 
 def read_json(path: Path) -> Optional[dict]:
