@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from modforge.data import cache
+from modforge.data import corpus as corpus_mod
 from modforge.data.tokenizers import make_tokenizer, rechunk
 
 
@@ -53,12 +54,12 @@ def main(argv=None) -> None:
     cfg = SimpleNamespace(tokenizer=args.tokenizer, vocab_size=args.vocab_size, tokenizer_path=None)
     with tempfile.TemporaryDirectory(prefix="modforge-bench-") as tmp:
         root = Path(tmp)
-        corpus = cache.FilesCorpus([str(path)])
+        corpus = corpus_mod.FilesCorpus([str(path)])
         t0 = time.perf_counter()
         info = cache.corpus_info(corpus, None, root)
         t1 = time.perf_counter()
         cut = int(info.n_chars * (1 - args.val_fraction))
-        tok = cache.fit_tokenizer(make_tokenizer(cfg), lambda: rechunk(cache.window(corpus.pieces(), 0, cut),
+        tok = cache.fit_tokenizer(make_tokenizer(cfg), lambda: rechunk(corpus_mod.window(corpus.pieces(), 0, cut),
                                                                        cache.CHUNK_CHARS),
                                   {"sha": info.sha, "n_chars": info.n_chars, "cut": cut}, root)
         t2 = time.perf_counter()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modforge import registry
+from modforge.builtins import load_builtins
 from modforge.models.blocks import Parts
 
 D, L, H, T, B, V = 128, 4, 4, 64, 12, 70
@@ -45,7 +46,7 @@ class Peer(nn.Module):
 
 
 def ours() -> nn.Module:
-    registry.load_builtins()
+    load_builtins()
     cfg = {"name": "decoder_only", "d_model": D, "n_heads": H, "n_layers": L, "max_len": T}
     return registry.build("model", cfg, Parts(norm="layer", residual="pre", ffn="gelu", pos="learned"), V)
 

@@ -1,18 +1,69 @@
-"""The one place where built-in components are registered (imported by registry.load_builtins)."""
-import modforge.components.activations  # noqa: F401
-import modforge.components.attention  # noqa: F401
-import modforge.components.ffn  # noqa: F401
-import modforge.components.norms  # noqa: F401
-import modforge.components.positions  # noqa: F401
-import modforge.components.residual  # noqa: F401
-import modforge.data.lm  # noqa: F401
-import modforge.data.seq2seq  # noqa: F401
-import modforge.data.tokenizers  # noqa: F401
-import modforge.models.architectures  # noqa: F401
-import modforge.optim  # noqa: F401
-import modforge.tasks.lm  # noqa: F401
-import modforge.tasks.seq2seq  # noqa: F401
-import modforge.data.classify  # noqa: F401
-import modforge.data.parallel  # noqa: F401
-import modforge.tasks.classify  # noqa: F401
-import modforge.trainer_schema  # noqa: F401  (the trainer group's schema, not a component)
+"""The top floor of the registry: load modforge's own components, then the installed plugins.
+
+:mod:`modforge.registry` is the ground floor and knows nothing above it; this
+module knows the whole house. Entry points (``train``, ``generate``, ``list``,
+:func:`modforge.config.compose`, :func:`modforge.checkpoints.load_checkpoint`)
+call :func:`load_all` before they compose a config or build a component.
+
+* :func:`load_builtins` imports every module that declares a kind or registers
+  a built-in component, attributing the registrations to ``built-in``.
+* :func:`load_plugins` imports every ``modforge.plugins`` entry point once. A
+  plugin whose import fails gives one warning naming its distribution and the
+  error, registers nothing, and everything else keeps working.
+"""
+import importlib.metadata
+import warnings
+
+from modforge import registry
+
+ENTRY_POINT_GROUP = "modforge.plugins"
+
+_builtins_loaded = False
+_plugins_loaded = False
+
+
+def load_builtins() -> None:
+    """Declare every kind and register every built-in component (imports torch and Lightning)."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    with registry.provider(registry.BUILTIN):
+        # Each kind is declared under its base class, in the module of its variants; the order of these
+        # imports is the order of the kinds (in `modforge.list`, and of the groups in config.yaml).
+        from modforge.models import architectures  # noqa: F401  model
+        from modforge.tasks import base, classify, lm, seq2seq  # noqa: F401  task
+        from modforge.data import base as _, classify as _c, lm as _l, parallel, seq2seq as _s  # noqa: F401  data
+        from modforge.data import tokenizers  # noqa: F401  tokenizer (nested: data.tokenizer)
+        from modforge.components import norms, residual, ffn, activations, positions, attention  # noqa: F401
+        from modforge import optim, trainer_schema  # noqa: F401  optim, scheduler; the trainer group's schema
+    _builtins_loaded = True
+
+
+def load_plugins() -> dict[str, str]:
+    """Import every ``modforge.plugins`` entry point once; returns {distribution: error} for failures."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return registry.failed_plugins()
+    # Built-ins first: a plugin importing e.g. modforge.components.norms inside provider(label)
+    # would otherwise register the built-ins under the plugin's name, and a plugin that
+    # reuses a built-in name must be recorded as ambiguous, not break load_builtins later.
+    load_builtins()
+    _plugins_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        label = f"{dist.name} {dist.version}" if dist is not None else ep.value
+        try:
+            with registry.provider(label):
+                obj = ep.load()
+                conf = getattr(obj, "MODFORGE_CONFIG_DIR", None)
+                if conf:
+                    registry.record_config_dir(label, str(conf))
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not break the rest
+            registry.record_failure(label, f"{type(e).__name__}: {e}")  # nothing half-registered survives
+            warnings.warn(f"modforge plugin {label} ({ep.value}) failed to load: {type(e).__name__}: {e}", stacklevel=2)
+    return registry.failed_plugins()
+
+
+def load_all() -> None:
+    load_builtins()
+    load_plugins()

@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from modforge.data.cache import atomic_file, remove_stale_temporaries
+from modforge.io import atomic_file, remove_stale_temporaries
 
 
 class TrainTimer(L.Callback):

@@ -3,11 +3,12 @@ command line against the registry, and composing in-process (tests, notebooks)."
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
+from modforge.builtins import load_all
 
 _PKG_CONF = Path(__file__).resolve().parent / "conf"  # in an installed wheel
 _SRC_CONF = Path(__file__).resolve().parent.parent / "conf"  # in a source checkout / editable install
@@ -30,7 +31,7 @@ def check_overrides(args: Iterable[str]) -> None:
         overrides = OverridesParser.create().parse_overrides(args)
     except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
         return
-    kinds = set(registry.kinds())
+    kinds = set(registry.group_kinds())
     for ov in overrides:
         key = ov.key_or_group.lstrip("+~")
         if ov.is_delete() or ov.package:
@@ -70,19 +71,6 @@ def check_trainer_key(key: str) -> None:
         )
 
 
-def find_checkpoint(key: str, value: Any) -> Path:
-    """``key=value`` names a checkpoint: a .ckpt file, or a run directory (its ``checkpoints/last.ckpt``)."""
-    path = Path(str(value)).expanduser()
-    if path.is_dir():
-        path = path / "checkpoints" / "last.ckpt" if (path / "checkpoints").is_dir() else path / "last.ckpt"
-    if not path.is_file():
-        raise registry.ConfigError(
-            f"{key}={value}: no checkpoint at {path}; give a .ckpt file or a run directory that has "
-            f"checkpoints/last.ckpt (e.g. {key}=outputs/<date>/<time>)"
-        )
-    return path
-
-
 def run_dirname(overrides: str, limit: int = 120) -> str:
     """One safe directory name for a sweep job, from Hydra's ``override_dirname``.
 
@@ -113,7 +101,7 @@ def compose(overrides: Optional[list] = None, config_name: str = "train") -> Dic
     from hydra import compose as h_compose
     from hydra import initialize_config_dir
 
-    registry.load_all()
+    load_all()
     overrides = list(overrides or [])
     check_overrides(overrides)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

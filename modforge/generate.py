@@ -19,6 +19,7 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from modforge import registry
+from modforge.cli import one_line_errors, wants_help
 from modforge.decoding import STRATEGIES, generate
 
 
@@ -63,8 +64,7 @@ def parse(argv: list) -> GenerateConfig:
 
 
 def run(cfg: GenerateConfig) -> list[str]:
-    from modforge.config import find_checkpoint
-    from modforge.tasks.base import load_checkpoint
+    from modforge.checkpoints import find_checkpoint, load_checkpoint
 
     path = find_checkpoint("ckpt", cfg.ckpt)
     try:
@@ -85,15 +85,12 @@ def run(cfg: GenerateConfig) -> list[str]:
 
 def main(argv: Optional[list] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
+    if wants_help(argv):
         print(__doc__)
         return
-    try:
+    with one_line_errors():
         cfg = parse(argv)
         outs = run(cfg)
-    except registry.ModforgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     for i, text in enumerate(outs):
         if len(outs) > 1:
             print(f"--- sample {i + 1}")

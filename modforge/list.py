@@ -1,22 +1,74 @@
-"""``python -m modforge.list [KIND ...]``: every kind, its options, their providers and default parameters."""
+"""``python -m modforge.list [KIND [NAME]]``: what can be chosen, where it lives, and its defaults.
+
+  python -m modforge.list               every kind, its options, their providers, module and class, default parameters;
+                                        then the experiment and trainer options (YAML presets)
+  python -m modforge.list norm ffn      only these kinds (or: experiment, trainer)
+  python -m modforge.list norm rms      one component: its whole docstring and its parameters
+"""
+import inspect
 import sys
 from typing import Optional
 
 from modforge import registry
+from modforge.builtins import load_all
+from modforge.cli import one_line_errors, wants_help
+
+PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
+                 "trainer": "lightning.Trainer settings (conf/trainer/)"}
+
+
+def _kind_header(kind: str) -> str:
+    k = registry.kind(kind)
+    how = f"chosen with {k.nested_in}=NAME" if k.nested_in else f"{kind}=NAME"
+    default = f", default {k.default}" if k.default else ""
+    base = f", base {k.base.__module__}.{k.base.__qualname__}" if k.base else ""
+    return f"{kind}: {k.doc} ({how}{default}{base})"
+
+
+def render_kind(kind: str) -> list[str]:
+    reg = registry.registry(kind)
+    lines = [_kind_header(kind)]
+    for e in reg.entries():
+        params = ", ".join(f"{k}={v!r}" for k, v in e.default_params().items())
+        ambiguous = "  [AMBIGUOUS]" if len(reg._entries[e.name]) > 1 else ""
+        lines.append(f"  {e.name:<16} [{e.provider}]{ambiguous}  {e.doc}")
+        lines.append(f"  {'':<16} {registry._qualname(e.cls)}" + (f"; {params}" if params else ""))
+    return lines
+
+
+def preset_options(group: str) -> list[str]:
+    """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from modforge.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        options = GlobalHydra.instance().config_loader().get_group_options(group)
+    return [o for o in options if o != "lightning"]  # trainer/lightning is the schema the presets inherit
+
+
+def render_presets(group: str) -> list[str]:
+    return [f"{group}: {PRESET_GROUPS[group]} ({group}=NAME)"] + [f"  {o}" for o in preset_options(group)]
+
+
+def render_one(kind: str, name: str) -> str:
+    e = registry.get(kind, name)
+    lines = [f"{kind} {e.name}  [{e.provider}]  {registry._qualname(e.cls)}", ""]
+    lines += [inspect.cleandoc(e.cls.__doc__ or "(no docstring)"), ""]
+    params = e.default_params()
+    lines.append("parameters (" + (f"{kind}.KEY=VALUE" if registry.kind(kind).top_level else "config keys") + "):")
+    lines += [f"  {k} = {v!r}" for k, v in params.items()] or ["  none"]
+    if e.defaults:
+        lines.append("selects by default: " + ", ".join(f"{g}={v}" for g, v in e.defaults.items()))
+    return "\n".join(lines)
 
 
 def render(kinds: Optional[list] = None) -> str:
-    registry.load_all()
-    lines = []
-    for kind in kinds or registry.kinds():
-        reg = registry.registry(kind)
-        lines.append(f"{kind}: {reg.doc}")
-        for e in reg.entries():
-            params = ", ".join(f"{k}={v!r}" for k, v in e.default_params().items())
-            ambiguous = "  [AMBIGUOUS]" if len(reg._entries[e.name]) > 1 else ""
-            lines.append(f"  {e.name:<16} [{e.provider}]{ambiguous}  {e.doc}")
-            if params:
-                lines.append(f"  {'':<16} {params}")
+    load_all()
+    lines: list[str] = []
+    for kind in kinds or [*registry.kinds(), *PRESET_GROUPS]:
+        lines += render_presets(kind) if kind in PRESET_GROUPS else render_kind(kind)
     failed = registry.failed_plugins()
     if failed:
         lines.append("plugins that failed to load:")
@@ -26,11 +78,18 @@ def render(kinds: Optional[list] = None) -> str:
 
 def main(argv: Optional[list] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
+    if wants_help(argv):
+        print(__doc__)
+        return
+    with one_line_errors():
+        load_all()
+        if len(argv) == 2 and argv[0] not in PRESET_GROUPS and argv[1] not in [*registry.kinds(), *PRESET_GROUPS]:
+            print(render_one(*argv))
+            return
+        for a in argv:
+            if a not in PRESET_GROUPS:
+                registry.registry(a)  # an unknown kind: one line with suggestions
         print(render(argv or None))
-    except registry.ModforgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,13 @@ from typing import Optional
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from modforge.registry import ConfigError, register
+from modforge.registry import ConfigError, declare, register
+
+# Optimizers are functions cfg, params -> torch.optim.Optimizer; schedules are functions
+# cfg, optimizer, *, d_model, total_steps -> an LR scheduler stepped once per optimizer step.
+declare("optim", "optimizer: a function (cfg, params) -> torch.optim.Optimizer", default="adamw")
+declare("scheduler", "learning-rate schedule: a function (cfg, optimizer, *, d_model, total_steps) -> LR scheduler",
+        default="cosine")
 
 
 @dataclass

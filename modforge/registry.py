@@ -1,56 +1,47 @@
 """The component registry: the single source of truth for every swappable part.
 
-One flat namespace per *kind* (``norm``, ``ffn``, ``pos``, ...). A component is a
-class registered under a short name together with a typed config (a dataclass
-with defaults)::
+This is the ground floor: it imports nothing else of modforge (and neither
+torch nor Lightning), and everything above registers into it.
+
+A *kind* (``norm``, ``ffn``, ``pos``, ...) is declared once, with :func:`declare`,
+in the module that defines its base class (``components/norms.py`` declares
+``norm`` right under ``class Norm``): its doc, its base class, its default
+option, whether it is a top-level config group (``norm=rms``) or nested
+(selected through another group's key, e.g. ``ffn.activation=silu``), and
+whether models are built from it. Everything else derives from these
+declarations: the config groups and their defaults, the model's parts
+(:func:`part_kinds`), ``python -m modforge.list``.
+
+A component is a class registered under a short name together with a typed
+config (a dataclass with defaults)::
 
     @register("norm", "scale")
-    class ScaleNorm(nn.Module):
+    class ScaleNorm(Norm):
         @dataclass
         class Config:
             eps: float = 1e-5
 
         def __init__(self, cfg: Config, d_model: int): ...
 
-Registering also stores the config in Hydra's ConfigStore as option ``<name>``
-of the config group ``<kind>`` (the fairseq pattern), so ``norm=scale`` works on
-the command line with no YAML file. Model code never compares variant names: it
-calls :func:`build` with the composed config node and the registry decides.
+Registering a component of a top-level kind also stores its config in Hydra's
+ConfigStore as option ``<name>`` of the config group ``<kind>`` (the fairseq
+pattern), so ``norm=scale`` works on the command line with no YAML file. Model
+code never compares variant names: it calls :func:`build` with the composed
+config node and the registry decides.
 
-Built-ins are registered from one explicit place (:mod:`modforge.builtins`);
-third-party packages are discovered through the ``modforge.plugins`` entry-point
-group (:func:`load_plugins`), read once and cached. Nothing here imports torch
-or Lightning, so ``import modforge.registry`` stays cheap.
+Loading the built-ins and the plugins is not done here but one floor up, in
+:mod:`modforge.builtins`, which knows the whole house.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import difflib
-import importlib.metadata
 import typing
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
 
 BUILTIN = "built-in"
-ENTRY_POINT_GROUP = "modforge.plugins"
-
-KIND_DOCS = {
-    "norm": "normalisation layer (called as norm(x, mask))",
-    "residual": "where the norm sits around each sub-layer",
-    "activation": "element-wise non-linearity used by FFNs",
-    "ffn": "position-wise feed-forward block",
-    "pos": "positional scheme (embedding, rotation or attention bias)",
-    "attention": "multi-head attention",
-    "model": "architecture (and, through it, its default task)",
-    "task": "training objective (a LightningModule) and its default data",
-    "data": "dataset / datamodule",
-    "tokenizer": "text <-> token ids",
-    "optim": "optimizer",
-    "scheduler": "learning-rate schedule",
-}
-
 
 class ModforgeError(Exception):
     """An error with a message meant for the user, printed without a traceback."""
@@ -107,14 +98,35 @@ def suggest(name: str, options: list[str]) -> str:
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+@dataclass
+class Kind:
+    """The declaration of one kind of component (see :func:`declare`)."""
+
+    name: str
+    doc: str
+    base: Optional[type] = None  # every component must subclass it (None: any callable)
+    default: Optional[str] = None  # the option chosen when the config names none (None: chosen by another group)
+    nested_in: Optional[str] = None  # e.g. "ffn.activation": selected through that key, not a top-level group
+    part: bool = False  # models are built from it (a field of models.blocks.Parts)
+
+    @property
+    def top_level(self) -> bool:
+        return self.nested_in is None
+
+
 class Registry:
     """All components of one kind."""
 
-    def __init__(self, kind: str, doc: str = ""):
-        self.kind = kind
-        self.doc = doc
-        self.base: Optional[type] = None
+    def __init__(self, kind: "Kind | str", doc: str = ""):
+        kind = kind if isinstance(kind, Kind) else Kind(kind, doc)
+        self.decl = kind
+        self.kind = kind.name
+        self.doc = kind.doc
         self._entries: dict[str, list[Entry]] = {}
+
+    @property
+    def base(self) -> Optional[type]:
+        return self.decl.base
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -126,10 +138,11 @@ class Registry:
         return name in self._entries
 
     def add(self, entry: Entry, *, allow_ambiguous: bool) -> None:
-        if self.base is not None and isinstance(entry.cls, type) and not issubclass(entry.cls, self.base):
+        if self.base is not None and not (isinstance(entry.cls, type) and issubclass(entry.cls, self.base)):
+            what = entry.cls.__name__ if isinstance(entry.cls, type) else repr(entry.cls)
             raise ModforgeError(
-                f"{self.kind} '{entry.name}' ({entry.provider}): {entry.cls.__name__} must subclass "
-                f"{self.base.__module__}.{self.base.__name__}"
+                f"{self.kind} '{entry.name}' ({entry.provider}): {what} must subclass "
+                f"{self.base.__module__}.{self.base.__name__} (the contract of every {self.kind})"
             )
         existing = self._entries.get(entry.name, [])
         for old in existing:
@@ -167,14 +180,54 @@ def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
-_REGISTRIES: dict[str, Registry] = {k: Registry(k, d) for k, d in KIND_DOCS.items()}
+_REGISTRIES: dict[str, Registry] = {}
 _provider_stack: list[str] = []
-_FAILED: dict[str, str] = {}
-_CONFIG_DIRS: list[tuple[str, str]] = []  # (provider, hydra search path)
+_FAILED: dict[str, str] = {}  # {plugin distribution: error}, filled by modforge.builtins.load_plugins
+_CONFIG_DIRS: list[tuple[str, str]] = []  # (provider, hydra search path), likewise
+
+
+def declare(name: str, doc: str, *, base: Optional[type] = None, default: Optional[str] = None,
+            nested_in: Optional[str] = None, part: bool = False) -> Kind:
+    """Declare a kind of component, once, next to its base class.
+
+    ``base``: the class every component of the kind must subclass (its
+    contract). ``default``: the option a run gets when its config names none
+    (a top-level kind's default enters the primary config's defaults list).
+    ``nested_in``: the config key that selects it (``"ffn.activation"``) for a
+    kind that is not a top-level config group. ``part``: models are built from
+    it. Declaring the same kind again with the same settings is a no-op.
+    """
+    kind = Kind(name, doc, base, default, nested_in, part)
+    old = _REGISTRIES.get(name)
+    if old is not None:
+        if old.decl != kind:
+            raise ModforgeError(f"kind '{name}' is declared twice, differently: {old.decl} and {kind}")
+        return old.decl
+    if not name.replace("_", "").isalnum() or name != name.lower():
+        raise ModforgeError(f"kind name {name!r}: use a short lower-case identifier (letters, digits, _)")
+    _REGISTRIES[name] = Registry(kind)
+    if kind.top_level and kind.default:
+        _store_defaults_in_hydra()
+    return kind
 
 
 def kinds() -> list[str]:
+    """Every declared kind, in order of declaration."""
     return list(_REGISTRIES)
+
+
+def kind(name: str) -> Kind:
+    return registry(name).decl
+
+
+def group_kinds() -> list[str]:
+    """The kinds that are top-level config groups (``norm=rms``)."""
+    return [k for k, r in _REGISTRIES.items() if r.decl.top_level]
+
+
+def part_kinds() -> list[str]:
+    """The kinds a model is built from (the fields of :class:`modforge.models.blocks.Parts`)."""
+    return [k for k, r in _REGISTRIES.items() if r.decl.part]
 
 
 def registry(kind: str) -> Registry:
@@ -182,13 +235,9 @@ def registry(kind: str) -> Registry:
         return _REGISTRIES[kind]
     except KeyError:
         raise UnknownComponentError(
-            f"Unknown component kind '{kind}'.{suggest(kind, kinds())} Kinds: {', '.join(kinds())}."
+            f"Unknown component kind '{kind}'.{suggest(kind, kinds())} Kinds: {', '.join(kinds()) or 'none declared'}"
+            " (kinds are declared when modforge's built-ins load: modforge.builtins.load_builtins())."
         ) from None
-
-
-def set_base(kind: str, base: type) -> None:
-    """Declare the base class every component of ``kind`` must subclass."""
-    registry(kind).base = base
 
 
 @contextlib.contextmanager
@@ -223,7 +272,7 @@ def register(kind: str, name: str, *, config: Optional[type] = None, defaults: O
         entry = Entry(kind, name, cls, cfg_cls, prov, dict(defaults or {}), (cls.__doc__ or "").strip().split("\n")[0])
         in_plugin = bool(_provider_stack) and prov != BUILTIN
         reg.add(entry, allow_ambiguous=in_plugin)
-        if len(reg._entries[name]) == 1:
+        if len(reg._entries[name]) == 1 and reg.decl.top_level:
             _store_in_hydra(entry)
         return cls
 
@@ -236,6 +285,28 @@ def _store_in_hydra(entry: Entry) -> None:
     except ImportError:  # hydra is a dependency; tolerate its absence for plain library use
         return
     ConfigStore.instance().store(group=entry.kind, name=entry.name, node=hydra_node(entry), provider=entry.provider)
+
+
+DEFAULTS_NODE = "component_defaults"
+
+
+def defaults_list() -> list:
+    """The defaults of every top-level kind that declares one, as a Hydra defaults list (declaration order)."""
+    return [{k: r.decl.default} for k, r in _REGISTRIES.items() if r.decl.top_level and r.decl.default]
+
+
+def _store_defaults_in_hydra() -> None:
+    """Store the config ``component_defaults``: only a defaults list, which ``conf/train.yaml`` includes.
+
+    So the primary config's component defaults come from the declarations,
+    stated once; ``norm=rms`` on the command line and ``override /norm: rms``
+    in an experiment override them as they would a default in train.yaml.
+    """
+    try:
+        from hydra.core.config_store import ConfigStore
+    except ImportError:
+        return
+    ConfigStore.instance().store(name=DEFAULTS_NODE, node={"defaults": defaults_list()}, provider="modforge")
 
 
 def hydra_node(entry: Entry) -> type:
@@ -318,53 +389,21 @@ def resolve(kind: str, cfg: Any) -> Any:
     return make_config(kind, cfg)[0].cls
 
 
-# --------------------------------------------------------------------------- loading
-
-_builtins_loaded = False
-_plugins_loaded = False
+# --------------------------------------------------------------------------- plugin records
+# modforge.builtins loads built-ins and plugins; what it learns is kept here, on the ground floor.
 
 
-def load_builtins() -> None:
-    """Register every built-in component (imports torch and Lightning)."""
-    global _builtins_loaded
-    if _builtins_loaded:
-        return
-    with provider(BUILTIN):
-        import modforge.builtins  # noqa: F401  (registration happens on import)
-    _builtins_loaded = True
+def record_failure(label: str, error: str) -> None:
+    """A plugin failed to import: remember it (for error messages) and forget what it registered."""
+    _FAILED[label] = error
+    forget_provider(label)
 
 
-def load_plugins() -> dict[str, str]:
-    """Import every ``modforge.plugins`` entry point once; returns {distribution: error} for failures.
-
-    A failing plugin gives one warning naming its distribution and error and is
-    otherwise skipped, so built-ins and other plugins keep working.
-    """
-    global _plugins_loaded
-    if _plugins_loaded:
-        return dict(_FAILED)
-    # Built-ins first: a plugin importing e.g. modforge.components.norms inside provider(label)
-    # would otherwise register the built-ins under the plugin's name, and a plugin that
-    # reuses a built-in name must be recorded as ambiguous, not break load_builtins later.
-    load_builtins()
-    _plugins_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(ep, "dist", None)
-        label = f"{dist.name} {dist.version}" if dist is not None else ep.value
-        try:
-            with provider(label):
-                obj = ep.load()
-                conf = getattr(obj, "MODFORGE_CONFIG_DIR", None)
-                if conf:
-                    _CONFIG_DIRS.append((label, str(conf)))
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break the rest
-            _FAILED[label] = f"{type(e).__name__}: {e}"
-            _forget_provider(label)  # nothing half-registered survives a failed import
-            warnings.warn(f"modforge plugin {label} ({ep.value}) failed to load: {type(e).__name__}: {e}", stacklevel=2)
-    return dict(_FAILED)
+def record_config_dir(label: str, path: str) -> None:
+    _CONFIG_DIRS.append((label, path))
 
 
-def _forget_provider(label: str) -> None:
+def forget_provider(label: str) -> None:
     for reg in _REGISTRIES.values():
         for name in list(reg._entries):
             kept = [e for e in reg._entries[name] if e.provider != label]
@@ -372,7 +411,8 @@ def _forget_provider(label: str) -> None:
                 continue
             if kept:
                 reg._entries[name] = kept
-                _store_in_hydra(kept[0])
+                if reg.decl.top_level:
+                    _store_in_hydra(kept[0])
             else:
                 del reg._entries[name]
                 _drop_from_hydra(reg.kind, name)
@@ -385,11 +425,6 @@ def _drop_from_hydra(kind: str, name: str) -> None:
     except ImportError:
         return
     ConfigStore.instance().repo.get(kind, {}).pop(f"{name}.yaml", None)
-
-
-def load_all() -> None:
-    load_builtins()
-    load_plugins()
 
 
 def failed_plugins() -> dict[str, str]:

@@ -23,13 +23,16 @@ from typing import Optional
 
 import yaml
 
+from modforge.cli import one_line_errors, wants_help
+from modforge.registry import ModforgeError
+
 USAGE = ("usage: python -m modforge.report <multirun dir> [metric=val/loss] [over=seed[,other]] [sort=best|name] "
          "[best=min|max]")
 OPTIONS = ("metric", "over", "sort", "best")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
 
 
-class ReportError(Exception):
+class ReportError(ModforgeError):
     pass
 
 
@@ -118,7 +121,10 @@ def parse_args(argv: list[str]) -> dict:
 
 def main(argv: Optional[list] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
+    if wants_help(argv):
+        print(__doc__)
+        return
+    with one_line_errors():
         a = parse_args(argv)
         root = Path(a["dir"])
         if not root.is_dir():
@@ -128,9 +134,6 @@ def main(argv: Optional[list] = None) -> None:
             raise ReportError(f"{root}: no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)")
         over = tuple(k for k in a["over"].split(",") if k)
         varying, shared, rows = summarise(jobs, a["metric"], over, a["sort"], a["best"])
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     if shared:
         print("shared: " + " ".join(f"{k}={v}" for k, v in shared.items()))
     order = "by name" if a["sort"] == "name" else f"best first ({'lower' if a['best'] == 'min' else 'higher'} is better)"

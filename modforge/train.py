@@ -16,21 +16,26 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.config import CONF_DIR, check_overrides, check_trainer_key, find_checkpoint, to_plain
-
-PART_GROUPS = ("model", "task", "data", "norm", "residual", "ffn", "pos", "attention", "optim", "scheduler")
+from modforge.builtins import load_all
+from modforge.checkpoints import find_checkpoint
+from modforge.cli import one_line_errors
+from modforge.config import CONF_DIR, check_overrides, check_trainer_key, to_plain
 
 
 def validate(cfg: DictConfig) -> None:
     """Resolve every component group to its typed config now, before any work is done."""
-    typed = {g: registry.make_config(g, cfg[g])[1] for g in PART_GROUPS if g in cfg}
+    typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
-    # the longest sequence the data can produce must fit the model's positions / KV cache
-    data, model = typed.get("data"), typed.get("model")
-    longest = getattr(data, "positions", 0)  # data configs declare it; plugins may omit it
-    if model is not None and longest > model.max_len:
+    if "data" in typed and "model" in typed:
+        (data_entry, data), (_, model) = typed["data"], typed["model"]
+        check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")
+
+
+def check_positions(longest: Optional[int], max_len: int, what: str) -> None:
+    """The longest sequence the data can produce must fit the model's positions / KV cache."""
+    if longest is not None and longest > max_len:
         raise registry.ConfigError(
-            f"model.max_len={model.max_len} is shorter than the sequences of data={cfg.data.name} ({longest} "
+            f"model.max_len={max_len} is shorter than the sequences of {what} ({longest} "
             "positions, from its block_size / max_len); raise model.max_len or shorten the data"
         )
 
@@ -52,10 +57,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from lightning.pytorch.loggers import CSVLogger
 
     from modforge.callbacks import AtomicCheckpointIO, TrainTimer
-    from modforge.data.cache import write_text
+    from modforge.io import write_text
 
     t_start = time.perf_counter()
-    registry.load_all()
+    load_all()
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,10 +69,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     dm = registry.build("data", cfg.data)
-    tokenizer = dm.prepare()
+    facts = dm.prepare()
+    check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
     entry, task_cfg = registry.make_config("task", cfg.task)
-    task = entry.cls(task_cfg, plain, tokenizer.state())
-    task.tokens_per_char = dm.stats.get("val_tokens_per_char", 1.0)
+    task = entry.cls(task_cfg, plain, facts)
     n_params = sum(p.numel() for p in task.model.parameters())
 
     timer = TrainTimer()
@@ -89,7 +94,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     metrics = {
         "val": final,
         "val_loss_at_start": start_loss,
-        **{k: v for k, v in dm.stats.items() if k == "unigram_val_loss"},
+        **{k: v for k, v in facts.stats.items() if k == "unigram_val_loss"},
         "params": n_params,
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
@@ -100,7 +105,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                            if timer.train_seconds > 0 else None),
         "wall_seconds": round(time.perf_counter() - t_start, 2),
         "checkpoint": ckpt.last_model_path or None,
-        "config": {g: plain[g].get("name") for g in PART_GROUPS if g in plain},
+        "config": {g: plain[g].get("name") for g in registry.group_kinds() if g in plain},
     }
     if cfg.sample and trainer.is_global_zero:
         metrics["sample"] = task.summary_sample()
@@ -192,21 +197,14 @@ def main(argv: Optional[list] = None) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        registry.load_all()
+    with one_line_errors():
+        load_all()
         check_overrides(argv)
-    except registry.ModforgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:
-        try:
-            with sweep_job():
-                m = run(cfg, Path(HydraConfig.get().runtime.output_dir))
-        except registry.ModforgeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+        with one_line_errors(), sweep_job():
+            m = run(cfg, Path(HydraConfig.get().runtime.output_dir))
         loss = m["val"].get("val/loss")
         return loss if loss is not None and math.isfinite(loss) else None  # for Hydra sweepers
 

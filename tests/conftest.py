@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from modforge import registry
+from modforge.builtins import load_builtins
 
-registry.load_builtins()
+load_builtins()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -19,8 +19,9 @@ from conftest import tiny_overrides
 from modforge.config import compose
 from modforge.data.tokenizers import BPETokenizer, CharTokenizer
 from modforge.registry import ConfigError, build
-from modforge.tasks.base import load_checkpoint
+from modforge.checkpoints import load_checkpoint
 from modforge.train import run
+from modforge.io import atomic_file
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "data"
@@ -72,7 +73,7 @@ def split(text: str, vf: float = 0.1):
 def test_token_cache_gives_the_ids_of_direct_tokenization(corpus_file, small_chunks, tokenizer):
     kw = {"vocab_size": 400} if tokenizer == "bpe" else {}
     dm = text_data(corpus_file, tokenizer=tokenizer, **kw)
-    tok = dm.prepare()
+    tok = dm.prepare().tokenizer
     train, val = split(corpus_file.read_text(encoding="utf-8"))
     assert isinstance(dm.train_tokens.array, np.memmap) and dm.train_tokens.dtype == np.uint16
     direct = {"train": tok.encode_array(train), "val": tok.encode_array(val)}
@@ -80,7 +81,7 @@ def test_token_cache_gives_the_ids_of_direct_tokenization(corpus_file, small_chu
         assert direct["train"].tolist() == tok.hf.encode(train, add_special_tokens=False).ids
     assert np.array_equal(np.asarray(dm.train_tokens.array), direct["train"])
     assert np.array_equal(np.asarray(dm.val_tokens.array), direct["val"])
-    s = dm.stats
+    s = dm.facts.stats
     assert (s["train_chars"], s["val_chars"]) == (len(train), len(val))
     assert (s["train_tokens"], s["val_tokens"]) == (len(direct["train"]), len(direct["val"]))
     assert s["unigram_val_loss"] == pytest.approx(
@@ -114,7 +115,7 @@ def test_token_cache_is_reused_and_rebuilt_when_tokenizer_or_corpus_changes(corp
     corpus_file.write_text(text, encoding="utf-8")
     os.utime(corpus_file, ns=(1, 1))  # even with an old mtime, the size differs
     dm = text_data(corpus_file)
-    tok = dm.prepare()
+    tok = dm.prepare().tokenizer
     assert calls[-1].built and "§" in tok.chars
     assert np.array_equal(np.asarray(dm.train_tokens.array), tok.encode_array(split(text)[0]))
 
@@ -127,7 +128,7 @@ def test_fitted_bpe_is_cached_beside_the_data(corpus_file, monkeypatch, tmp_path
         raise AssertionError("the cached BPE should have been loaded")
 
     monkeypatch.setattr(BPETokenizer, "fit", no_fit)
-    tok = text_data(corpus_file, tokenizer="bpe", vocab_size=300).prepare()
+    tok = text_data(corpus_file, tokenizer="bpe", vocab_size=300).prepare().tokenizer
     assert tok.vocab_size == 300
     monkeypatch.undo()
     monkeypatch.setenv("MODFORGE_CACHE", str(tmp_path / "cache"))
@@ -137,11 +138,11 @@ def test_fitted_bpe_is_cached_beside_the_data(corpus_file, monkeypatch, tmp_path
 
 def test_cache_files_are_written_atomically(tmp_path):
     with pytest.raises(RuntimeError):
-        with cache.atomic_file(tmp_path / "x.bin") as fh:
+        with atomic_file(tmp_path / "x.bin") as fh:
             fh.write(b"partial")
             raise RuntimeError("crash")
     assert list(tmp_path.iterdir()) == []
-    with cache.atomic_file(tmp_path / "x.bin") as fh:
+    with atomic_file(tmp_path / "x.bin") as fh:
         fh.write(b"done")
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
 
@@ -171,7 +172,7 @@ def test_windows_read_from_the_memory_map_and_pickle_small(corpus_file):
 
 def test_stdlib_keeps_its_text_split_and_ids():
     dm = build("data", {"name": "stdlib", "max_chars": 60_000})
-    tok = dm.prepare()
+    tok = dm.prepare().tokenizer
     text = "\n".join(open(f, encoding="utf-8", errors="replace").read() for f in lm.stdlib_sources()[:40])[:60_000]
     train, val = split(text)
     assert tok.chars == CharTokenizer().fit([train]).chars
@@ -185,12 +186,12 @@ def test_text_reads_files_and_globs_in_order(tmp_path):
     for name, body in [("b.txt", "bravo " * 400), ("a.txt", "alpha " * 400), ("sub/c.txt", "charlie " * 400)]:
         (d / name).write_text(body)
     dm = text_data(f"{d}/**/*.txt", val_fraction=0.5)
-    tok = dm.prepare()
-    assert dm.stats["train_chars"] + dm.stats["val_chars"] == 2400 + 2400 + 3200 + 2  # joined by newlines
+    tok = dm.prepare().tokenizer
+    assert dm.facts.stats["train_chars"] + dm.facts.stats["val_chars"] == 2400 + 2400 + 3200 + 2  # joined by newlines
     first = tok.decode(dm.train_tokens[:6].tolist())
     assert first == "alpha "  # sorted: a.txt, b.txt, sub/c.txt
     dm = text_data([str(d / "sub" / "c.txt"), str(d / "a.txt")], val_fraction=0.5)
-    assert dm.prepare().decode(dm.train_tokens[:8].tolist()) == "charlie "
+    assert dm.prepare().tokenizer.decode(dm.train_tokens[:8].tolist()) == "charlie "
 
 
 @pytest.mark.parametrize("path,match", [
@@ -246,7 +247,7 @@ def test_tinyshakespeare_downloads_into_the_cache_once(monkeypatch, tmp_path):
 
     monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
     monkeypatch.setattr(lm, "TINYSHAKESPEARE_SHA256", hashlib.sha256(body).hexdigest())
-    tok = build("data", {"name": "tinyshakespeare", "block_size": 16}).prepare()
+    tok = build("data", {"name": "tinyshakespeare", "block_size": 16}).prepare().tokenizer
     assert fetched == [lm.TINYSHAKESPEARE_URL] and tok.decode(tok.encode("Citizen")) == "Citizen"
     assert (tmp_path / "cache" / "tinyshakespeare" / "input.txt").read_bytes() == body
     build("data", {"name": "tinyshakespeare", "block_size": 16}).prepare()
@@ -262,9 +263,9 @@ def test_tinyshakespeare_downloads_into_the_cache_once(monkeypatch, tmp_path):
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="shared tinyshakespeare copy not present")
 def test_tinyshakespeare_local_copy_is_the_standard_split():
     dm = build("data", {"name": "tinyshakespeare", "path": str(SHAKESPEARE)})
-    tok = dm.prepare()
+    tok = dm.prepare().tokenizer
     assert tok.vocab_size == 65 + 5
-    assert (dm.stats["train_chars"], dm.stats["val_chars"]) == (1_003_854, 111_540)  # nanoGPT's 90/10
+    assert (dm.facts.stats["train_chars"], dm.facts.stats["val_chars"]) == (1_003_854, 111_540)  # nanoGPT's 90/10
 
 
 class FakeDataset:
@@ -297,10 +298,10 @@ def test_hf_reads_a_datasets_split_by_field(monkeypatch):
     calls = []
     fake_datasets(monkeypatch, rows, calls)
     dm = build("data", {"name": "hf", "dataset": "someone/stories", "subset": "v2", "block_size": 16})
-    tok = dm.prepare()
+    tok = dm.prepare().tokenizer
     assert calls == [("someone/stories", "v2", "train")]
     whole = "\n".join(r["text"] for r in rows)
-    assert dm.stats["train_chars"] + dm.stats["val_chars"] == len(whole)
+    assert dm.facts.stats["train_chars"] + dm.facts.stats["val_chars"] == len(whole)
     assert tok.decode(dm.train_tokens[:20].tolist()) == whole[:20]
 
 
@@ -326,9 +327,9 @@ def test_classify_reads_csv_and_jsonl_alike(tmp_path):
     import csv
 
     dm = build("data", {"name": "classify", "path": str(CSV), "batch_size": 5})
-    tok = dm.prepare()
-    assert tok.meta["labels"] == ["negative", "positive"]
-    assert dm.stats["train_examples"] + dm.stats["val_examples"] == 64
+    tok = dm.prepare().tokenizer
+    assert dm.facts.labels == ["negative", "positive"]
+    assert dm.facts.stats["train_examples"] + dm.facts.stats["val_examples"] == 64
     b = next(iter(dm.train_dataloader()))
     assert set(b) == {"src", "src_mask", "label"}
     assert (b["src"][:, 0] == tok.bos_id).all() and torch.equal(b["src_mask"], b["src"] != tok.pad_id)
@@ -388,7 +389,7 @@ def test_parallel_tsv_and_aligned_files_give_the_same_batches(tmp_path):
     a = build("data", {"name": "parallel", "path": str(TSV), "batch_size": 8})
     b = build("data", {"name": "parallel", "src_path": str(tmp_path / "src.txt"), "tgt_path": str(tmp_path / "tgt.txt"),
                        "batch_size": 8})
-    tok = a.prepare()
+    tok = a.prepare().tokenizer
     b.prepare()
     assert a.train_set == b.train_set and a.val_set == b.val_set and len(a.val_set) == 9
     assert "w" in tok.chars and "'" in tok.chars  # fitted on both sides (w: English only, ': French only)

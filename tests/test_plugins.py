@@ -40,12 +40,12 @@ def make_dist(root: Path, dist: str, version: str, module: str, source: str) -> 
 def norm_plugin(*names: str) -> str:
     """Source of a plugin module registering a trivial norm under each of ``names``."""
     regs = "\n".join(
-        f"@register('norm', {n!r})\nclass Norm_{n}(torch.nn.Module):\n"
+        f"@register('norm', {n!r})\nclass Norm_{n}(Norm):\n"
         f"    def __init__(self, cfg, d_model):\n        super().__init__()\n"
         f"    def forward(self, x, mask=None):\n        return x\n"
         for n in names
     )
-    return "import torch\nfrom modforge import register\n\n" + regs
+    return "import torch\nfrom modforge import register\nfrom modforge.components.norms import Norm\n\n" + regs
 
 
 def run_python(code: str, *path: Path, cwd: Path = REPO, timeout: int = 300) -> dict:
@@ -68,10 +68,10 @@ PROLOGUE = f"""
 import contextlib, io, json, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    from modforge import registry
-    registry.load_all()
-    registry.load_all()  # cached: no second warning
-    registry.load_plugins()
+    from modforge import builtins, registry
+    builtins.load_all()
+    builtins.load_all()  # cached: no second warning
+    builtins.load_plugins()
 plugin_warnings = [str(w.message) for w in caught if "modforge plugin" in str(w.message)]
 import torch
 from modforge.config import compose
@@ -275,16 +275,16 @@ def test_discovery_startup_cost_without_plugins(capsys):
     environment with no plugins installed."""
     res = run_python("""
 import importlib.metadata, json, time
-from modforge import registry
-t0 = time.perf_counter(); registry.load_builtins(); t_builtins = time.perf_counter() - t0
+from modforge import builtins, registry
+t0 = time.perf_counter(); builtins.load_builtins(); t_builtins = time.perf_counter() - t0
 real = importlib.metadata.entry_points
-installed = [ep.value for ep in real(group=registry.ENTRY_POINT_GROUP)]
+installed = [ep.value for ep in real(group=builtins.ENTRY_POINT_GROUP)]
 def no_plugins(**kw):
     real(**kw)  # pay the full scan of installed distributions
     return importlib.metadata.EntryPoints(())
-registry.importlib.metadata.entry_points = no_plugins
-t0 = time.perf_counter(); registry.load_plugins(); t_discovery = time.perf_counter() - t0
-t0 = time.perf_counter(); registry.load_plugins(); t_cached = time.perf_counter() - t0
+builtins.importlib.metadata.entry_points = no_plugins
+t0 = time.perf_counter(); builtins.load_plugins(); t_discovery = time.perf_counter() - t0
+t0 = time.perf_counter(); builtins.load_plugins(); t_cached = time.perf_counter() - t0
 print("RESULT " + json.dumps({"discovery": t_discovery, "cached": t_cached, "builtins": t_builtins,
                               "installed": installed, "failed": registry.failed_plugins()}))
 """)

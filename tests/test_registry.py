@@ -6,13 +6,14 @@ from torch import nn
 
 from modforge import registry
 from modforge.config import check_overrides, compose
+from modforge.components.norms import Norm
 from modforge.models.blocks import Parts
 from modforge.registry import (AmbiguousComponentError, ConfigError, DuplicateComponentError, UnknownComponentError,
                                build, register)
 
 
 @register("norm", "test_halfnorm")
-class HalfNorm(nn.Module):
+class HalfNorm(Norm):
     """A norm defined in a test file: x * scale."""
 
     @dataclass
@@ -46,7 +47,7 @@ def test_unknown_key_names_key_and_allowed_keys():
 def test_duplicate_registration_names_both_providers():
     with pytest.raises(DuplicateComponentError, match=r"registered twice.*built-in.*test_registry"):
         @register("norm", "layer")
-        class Another(nn.Module):
+        class Another(Norm):
             pass
 
 

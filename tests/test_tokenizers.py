@@ -91,12 +91,21 @@ def test_bpe_state_embeds_the_tokenizer_json_and_rebuilds_it(bpe, corpus):
     assert again.encode_array(SPECIAL_TEXT).min() >= 5  # the special-token matcher stays off after reload
 
 
-def test_meta_travels_with_the_state(bpe):
+def test_data_facts_travel_with_their_state(bpe):
+    """What a datamodule learns (labels, tokens per character, positions) travels beside the tokenizer, in
+    plain containers, and leaves the tokenizer's own state and token ids alone."""
+    import json
+
+    from modforge.data.base import DataFacts
+
     tok = CharTokenizer().fit(["abc"])
-    tok.meta = {"labels": ["neg", "pos"]}
-    assert load_tokenizer(tok.state()).meta == {"labels": ["neg", "pos"]}
-    assert "meta" not in CharTokenizer().fit(["abc"]).state()  # unchanged state when there is none
-    assert tok.digest() == CharTokenizer().fit(["abc"]).digest()  # meta does not change the token ids
+    facts = DataFacts(tok, positions=16, tokens_per_char=1.0, labels=["neg", "pos"], stats={"n": 3})
+    state = json.loads(json.dumps(facts.state()))  # plain containers only
+    again = DataFacts.from_state(state)
+    assert again.labels == ["neg", "pos"] and again.tokens_per_char == 1.0 and again.positions == 16
+    assert again.tokenizer.encode("cab") == tok.encode("cab")
+    assert tok.state() == CharTokenizer().fit(["abc"]).state()  # the tokenizer's state is untouched
+    assert tok.digest() == CharTokenizer().fit(["abc"]).digest()  # labels do not change the token ids
 
 
 def test_bpe_loads_a_tokenizer_json(bpe, corpus, tmp_path):

@@ -12,8 +12,9 @@ import yaml
 
 from conftest import tiny_overrides
 from modforge.config import compose
-from modforge.tasks.base import load_checkpoint
+from modforge.checkpoints import load_checkpoint
 from modforge.train import run
+from modforge.builtins import load_all
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,7 +38,7 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
         assert torch.isfinite(task.model(x)).all()
     assert task.tokenizer.decode(task.tokenizer.encode("def f():")) == "def f():"
     # ... also in a fresh interpreter that has not loaded the registry
-    code = f"from modforge.tasks.base import load_checkpoint; print(load_checkpoint({m['checkpoint']!r}).run_cfg['pos']['name'])"
+    code = f"from modforge.checkpoints import load_checkpoint; print(load_checkpoint({m['checkpoint']!r}).run_cfg['pos']['name'])"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "rope", p.stderr[-2000:]
 
@@ -46,7 +47,7 @@ def count_training_steps(monkeypatch) -> list:
     """Record every training_step call of the causal_lm task (a resumed run must only take the remaining ones)."""
     from modforge import registry
 
-    registry.load_all()
+    load_all()
     cls = registry.get("task", "causal_lm").cls
     calls, real = [], cls.training_step
     monkeypatch.setattr(cls, "training_step", lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])

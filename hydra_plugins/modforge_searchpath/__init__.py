@@ -2,7 +2,7 @@
 
 A modforge plugin (a package with a ``modforge.plugins`` entry point) may set a
 module attribute ``MODFORGE_CONFIG_DIR`` (``"pkg://its_package.conf"`` or an
-absolute directory); :func:`modforge.registry.load_plugins` records it and this
+absolute directory); :func:`modforge.builtins.load_plugins` records it and this
 plugin appends it after modforge's own config directory, so e.g.
 ``experiment=extras_small`` is selectable with no search-path editing, both in
 ``python -m modforge.train`` and in :func:`modforge.config.compose`.
@@ -49,11 +49,12 @@ class ModforgeSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         try:
             from modforge import registry
+            from modforge.builtins import load_all
         except ImportError:  # modforge uninstalled but this module left behind
             return
         if not _is_modforge_search_path(search_path):
             return
-        registry.load_all()  # cached: a no-op after modforge.train / modforge.config.compose loaded it
+        load_all()  # cached: a no-op after modforge.train / modforge.config.compose loaded it
         present = {el.path for el in search_path.get_path()}
         for provider, path in registry.plugin_config_dirs():
             path = _as_search_path(path)

@@ -10,77 +10,72 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modforge.registry import register
+from modforge.registry import declare, register
 
 
-@register("activation", "relu")
-class ReLU(nn.Module):
-    """max(0, x)"""
+class Activation(nn.Module):
+    """Base class of kind ``activation``: built as ``cls(cfg)``, applied element-wise as ``act(x)``."""
 
     def __init__(self, cfg=None):
         super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+declare("activation", "element-wise non-linearity used by FFNs", base=Activation, nested_in="ffn.activation")
+
+
+@register("activation", "relu")
+class ReLU(Activation):
+    """max(0, x)"""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x)
 
 
 @register("activation", "gelu")
-class GELU(nn.Module):
+class GELU(Activation):
     """x * Phi(x), exact (erf)"""
-
-    def __init__(self, cfg=None):
-        super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x)
 
 
 @register("activation", "gelu_tanh")
-class GELUTanh(nn.Module):
+class GELUTanh(Activation):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
-
-    def __init__(self, cfg=None):
-        super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
 
 
 @register("activation", "silu")
-class SiLU(nn.Module):
+class SiLU(Activation):
     """Swish / SiLU: x * sigmoid(x)"""
-
-    def __init__(self, cfg=None):
-        super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(x)
 
 
 @register("activation", "tanh")
-class Tanh(nn.Module):
+class Tanh(Activation):
     """tanh(x)"""
-
-    def __init__(self, cfg=None):
-        super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
 
 
 @register("activation", "sigmoid")
-class Sigmoid(nn.Module):
+class Sigmoid(Activation):
     """1 / (1 + exp(-x))"""
-
-    def __init__(self, cfg=None):
-        super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(x)
 
 
 @register("activation", "leaky_relu")
-class LeakyReLU(nn.Module):
+class LeakyReLU(Activation):
     """max(x, negative_slope * x)"""
 
     @dataclass

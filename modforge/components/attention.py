@@ -1,4 +1,9 @@
-"""Multi-head attention (kind ``attention``), built on F.scaled_dot_product_attention.
+"""Attention (kind ``attention``): the contract, and multi-head attention on F.scaled_dot_product_attention.
+
+An attention owns its decoding cache: :meth:`Attention.new_cache` returns an
+object with ``reorder(index)`` (beam search), and the attention alone reads and
+writes it. So a variant with another cache (grouped-query, multi-query, linear
+attention) is one class in one file, and models never import a cache type.
 
 ``mha`` computes softmax(Q K^T / sqrt(d_head) + bias) V per head (Vaswani et
 al. 2017) with one fused QKV projection for self-attention and a fused KV
@@ -19,7 +24,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modforge.registry import ConfigError, register
+from modforge.registry import ConfigError, declare, register
+
+
+class Attention(nn.Module):
+    """Base class of kind ``attention``: built as ``cls(cfg, d_model, n_heads, cross=False)``.
+
+    Called as ``attn(x, pos=, causal=, key_mask=, memory=, cache=)`` on (B, T, d_model):
+    self-attention (``pos`` is the stack's positional scheme: ``pos.rotate`` for
+    queries and keys, ``pos.attn_bias`` as an additive bias), or cross-attention
+    over ``memory`` when built with ``cross=True``. ``key_mask`` (B, Tk) is True
+    at real keys. ``cache`` is what :meth:`new_cache` returned, or None.
+    """
+
+    def new_cache(self, capacity: int):
+        """A fresh decoding cache for this layer, holding up to ``capacity`` positions.
+
+        It must have ``reorder(index)``, which keeps the batch rows ``index`` (beam search)."""
+        raise NotImplementedError(f"{type(self).__name__} has no decoding cache")
+
+
+declare("attention", "attention (self and cross) and its decoding cache", base=Attention, default="mha", part=True)
 
 
 class KVCache:
@@ -78,8 +103,8 @@ def build_mask(
 
 
 @register("attention", "mha")
-class MultiHeadAttention(nn.Module):
-    """Multi-head scaled dot-product attention (self or cross)."""
+class MultiHeadAttention(Attention):
+    """Multi-head scaled dot-product attention (self or cross), cached in a preallocated :class:`KVCache`."""
 
     @dataclass
     class Config:
@@ -99,6 +124,9 @@ class MultiHeadAttention(nn.Module):
             self.qkv = nn.Linear(d_model, 3 * d_model, bias=cfg.bias)
         self.out = nn.Linear(d_model, d_model, bias=cfg.bias)
         self.out.residual_out = True  # writes into the residual stream (scaled init, see models.blocks)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(capacity)
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = t.shape  # (B, T, n*d) -> n tensors (B, H, T, d_head)

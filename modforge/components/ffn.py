@@ -16,7 +16,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from modforge.registry import build, register
+from modforge.registry import build, declare, register
+
+
+class FFN(nn.Module):
+    """Base class of kind ``ffn``: built as ``cls(cfg, d_model, d_ff)``, called as ``ffn(x)`` on (B, T, d_model).
+
+    ``hidden`` is the width actually used (a gated FFN may shrink ``d_ff``);
+    the run summary prints it. Mark the Linear that writes into the residual
+    stream ``residual_out = True`` to give it GPT-2's scaled initialisation.
+    """
+
+    hidden: int = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+declare("ffn", "position-wise feed-forward block", base=FFN, default="gelu", part=True)
 
 
 @dataclass
@@ -40,7 +57,7 @@ class GatedConfig:
 @register("ffn", "mlp", config=MLPConfig)
 @register("ffn", "gelu", config=MLPConfig)
 @register("ffn", "relu", config=ReLUMLPConfig)
-class MLP(nn.Module):
+class MLP(FFN):
     """act(x W1 + b1) W2 + b2"""
 
     def __init__(self, cfg: MLPConfig, d_model: int, d_ff: int):
@@ -63,7 +80,7 @@ def _gated(act: str) -> type:
 @register("ffn", "reglu", config=_gated("relu"))
 @register("ffn", "swiglu", config=_gated("silu"))
 @register("ffn", "geglu", config=_gated("gelu"))
-class GatedFFN(nn.Module):
+class GatedFFN(FFN):
     """(act(x W) * (x V)) W2"""
 
     def __init__(self, cfg: GatedConfig, d_model: int, d_ff: int):

@@ -11,11 +11,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modforge.registry import ConfigError, register
+from modforge.registry import ConfigError, declare, register
+
+
+class Norm(nn.Module):
+    """Base class of kind ``norm``: built as ``cls(cfg, d_model)``, called as ``norm(x, mask)``.
+
+    ``x`` is (B, T, C); ``mask`` is (B, T) bool, True at real tokens, or None
+    (all real). The output has the shape of ``x``. Per-token norms ignore the mask.
+    """
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+declare("norm", "normalisation layer (called as norm(x, mask))", base=Norm, default="layer", part=True)
 
 
 @register("norm", "layer")
-class LayerNorm(nn.Module):
+class LayerNorm(Norm):
     """LayerNorm over the feature dimension: gamma * (x - mean) / sqrt(var + eps) + beta."""
 
     @dataclass
@@ -34,7 +48,7 @@ class LayerNorm(nn.Module):
 
 
 @register("norm", "rms")
-class RMSNorm(nn.Module):
+class RMSNorm(Norm):
     """RMSNorm (Zhang & Sennrich 2019): gamma * x / RMS(x), no centring and no bias.
 
     ``eps_placement`` pins the convention. ``inside`` (default) is
@@ -69,7 +83,7 @@ class RMSNorm(nn.Module):
 
 
 @register("norm", "batch")
-class MaskedBatchNorm(nn.Module):
+class MaskedBatchNorm(Norm):
     """BatchNorm over all real tokens of the batch (PowerNorm's masked BN, Shen et al. 2020).
 
     Training: per-feature mean and biased variance over the tokens where

@@ -16,11 +16,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from modforge.registry import ConfigError, register, set_base
+from modforge.registry import ConfigError, declare, register
 
 
 class PositionalScheme(nn.Module):
-    """Base class: every hook is the identity."""
+    """Base class of kind ``pos``: built as ``cls(cfg, d_model, n_heads, max_len)``; every hook is the identity."""
 
     def __init__(self, cfg, d_model: int, n_heads: int, max_len: int):
         super().__init__()
@@ -40,7 +40,8 @@ class PositionalScheme(nn.Module):
             raise ValueError(f"sequence of {end} positions exceeds model.max_len={self.max_len}")
 
 
-set_base("pos", PositionalScheme)
+declare("pos", "positional scheme (embedding, rotation or attention bias)", base=PositionalScheme,
+        default="learned", part=True)
 
 
 @register("pos", "none")

@@ -12,11 +12,12 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from modforge.registry import register, set_base
+from modforge.registry import declare, register
 
 
 class Residual(nn.Module):
-    """Base class: wraps one sub-layer with its norm and residual dropout."""
+    """Base class of kind ``residual``: built as ``cls(cfg, norm, dropout)``, called as ``r(x, sublayer, mask)``;
+    wraps one sub-layer with its norm and residual dropout."""
 
     final_norm: bool = False  # does a stack of these blocks need a norm after its last block?
 
@@ -30,7 +31,7 @@ class Residual(nn.Module):
         raise NotImplementedError
 
 
-set_base("residual", Residual)
+declare("residual", "where the norm sits around each sub-layer", base=Residual, default="pre", part=True)
 
 
 @register("residual", "post")

@@ -18,25 +18,24 @@ looks complete. Text is streamed and tokenized in chunks of about
 so memory stays flat however large the corpus is. Nothing is ever deleted:
 remove the directory to reclaim space.
 """
-import contextlib
 import hashlib
 import json
 import math
 import os
-import secrets
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from modforge.data.corpus import CHUNK_CHARS, Corpus, CorpusInfo, window
 from modforge.data.tokenizers import Tokenizer, rechunk
+from modforge.io import atomic_file, read_json, write_json
 from modforge.registry import ConfigError
 
 CACHE_ENV = "MODFORGE_CACHE"
 DEFAULT_ROOT = "~/.cache/modforge"
-CHUNK_CHARS = 1 << 20  # ~1M characters of text tokenized at a time (faster and leaner than larger chunks)
 FORMAT = 1  # bump to invalidate every token cache
 
 
@@ -57,163 +56,6 @@ def digest(obj: Any, n: int = 24) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:n]
 
 
-@contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "wb", durable: bool = False):
-    """Open a temporary file beside ``path``; on success rename it to ``path`` (atomic), else delete it.
-
-    Readers see the old file or the whole new one, never a part. ``durable``
-    also fsyncs the data before the rename and the directory after it, so the
-    new file survives a power cut too (checkpoints use it; caches, which can be
-    rebuilt, don't pay for it).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
-            yield fh
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        if durable and hasattr(os, "O_DIRECTORY"):
-            with contextlib.suppress(OSError):  # some network / FUSE file systems refuse; the file is saved anyway
-                fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def remove_stale_temporaries(path: Path) -> None:
-    """Delete temporary files that ``atomic_file`` left beside ``path`` in processes that no longer run (killed)."""
-    path = Path(path)
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists but not ours (EPERM)
-        return True
-    return True
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (readers, and other DDP ranks writing the same file, see whole files)."""
-    with atomic_file(path, "w") as fh:
-        fh.write(text)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj))
-
-
-def read_json(path: Path) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-# --------------------------------------------------------------------------- corpora
-
-class Corpus:
-    """A text stream. :meth:`pieces` yields it in order (any piece sizes); :meth:`identity` is a cheap
-    JSON-able value that changes whenever the text may have (``None``: the content is hashed every time)."""
-
-    def identity(self) -> Optional[Any]:
-        return None
-
-    def pieces(self) -> Iterator[str]:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        return type(self).__name__
-
-
-class FilesCorpus(Corpus):
-    """Files read in order as UTF-8 (undecodable bytes replaced, newlines normalised), joined by ``separator``."""
-
-    def __init__(self, paths: Iterable[str], separator: str = "\n", read_size: Optional[int] = None):
-        self.paths = [os.path.abspath(p) for p in paths]
-        self.separator = separator
-        self.read_size = read_size
-
-    def identity(self):
-        files = []
-        for p in self.paths:
-            st = os.stat(p)
-            files.append([p, st.st_size, st.st_mtime_ns])
-        return {"files": files, "separator": self.separator}
-
-    def pieces(self) -> Iterator[str]:
-        size = self.read_size or CHUNK_CHARS
-        for i, p in enumerate(self.paths):
-            if i and self.separator:
-                yield self.separator
-            with open(p, encoding="utf-8", errors="replace") as fh:
-                while True:
-                    chunk = fh.read(size)
-                    if not chunk:
-                        break
-                    yield chunk
-
-    def describe(self) -> str:
-        return self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files ({self.paths[0]}, ...)"
-
-
-class IterCorpus(Corpus):
-    """A corpus from a function returning an iterable of text pieces (or one string)."""
-
-    def __init__(self, make: Callable[[], Any], identity: Optional[Any] = None, description: str = "text"):
-        self.make, self._identity, self.description = make, identity, description
-
-    def identity(self):
-        return self._identity
-
-    def pieces(self) -> Iterator[str]:
-        out = self.make()
-        if isinstance(out, str):
-            yield out
-        else:
-            yield from out
-
-    def describe(self) -> str:
-        return self.description
-
-
-def window(pieces: Iterable[str], start: int, stop: int) -> Iterator[str]:
-    """Characters ``[start, stop)`` of a stream of pieces."""
-    pos = 0
-    for p in pieces:
-        end = pos + len(p)
-        if end > start:
-            a, b = max(start - pos, 0), min(stop - pos, len(p))
-            if b > a:
-                yield p if (a == 0 and b == len(p)) else p[a:b]
-        pos = end
-        if pos >= stop:
-            return
-
-
-@dataclass
-class CorpusInfo:
-    n_chars: int  # after the max_chars limit
-    sha: str  # sha256 of that text (UTF-8)
-
-
 def corpus_info(corpus: Corpus, max_chars: Optional[int], root: Path) -> CorpusInfo:
     """Length and content hash of (the first ``max_chars`` characters of) a corpus, cached by identity."""
     ident = corpus.identity()
@@ -231,16 +73,6 @@ def corpus_info(corpus: Corpus, max_chars: Optional[int], root: Path) -> CorpusI
     if path is not None:
         write_json(path, {**asdict(info), "identity": ident, "max_chars": max_chars})
     return info
-
-
-def text_sha(texts: Iterable[str]) -> str:
-    """Content hash of a list of texts (for small in-memory data sets)."""
-    h = hashlib.sha256()
-    for t in texts:
-        b = t.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- tokenizers
@@ -370,41 +202,3 @@ def _build(corpus: Corpus, info: CorpusInfo, cut: int, tokenizer: Tokenizer, d: 
     }
     write_json(d / "meta.json", meta)
     return meta
-
-
-# --------------------------------------------------------------------------- paths
-
-def expand_paths(spec: Any, key: str = "data.path") -> list[str]:
-    """Files named by ``spec``: a path or glob (``**`` recursive), or a list of them, in the given order
-    (each glob's matches sorted, duplicates dropped). Anything that names no file is a ConfigError."""
-    import glob
-
-    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec or [])
-    if not items:
-        raise ConfigError(f"{key}: name the text files to read (a path, a glob such as 'corpus/**/*.txt', "
-                          f"or a list: {key}='[a.txt,b/*.txt]')")
-    out: list[str] = []
-    for item in items:
-        pat = os.path.expanduser(str(item))
-        if glob.has_magic(pat):
-            found = sorted(p for p in glob.glob(pat, recursive=True) if os.path.isfile(p))
-            if not found:
-                raise ConfigError(f"{key}={item}: the glob matches no file (relative to {os.getcwd()}).")
-        elif os.path.isdir(pat):
-            raise ConfigError(f"{key}={item}: is a directory; name its files with a glob, e.g. {key}='{item}/*.txt'")
-        elif not os.path.isfile(pat):
-            raise ConfigError(f"{key}={item}: no such file (relative to {os.getcwd()}).")
-        else:
-            found = [pat]
-        out.extend(os.path.abspath(p) for p in found)
-    return list(dict.fromkeys(out))
-
-
-def existing_file(path: Optional[str], key: str, what: str) -> str:
-    """``path`` expanded, or a ConfigError naming ``key`` if it is unset or not a file."""
-    if not path:
-        raise ConfigError(f"{key}: required; give the path of {what}.")
-    p = os.path.expanduser(str(path))
-    if not os.path.isfile(p):
-        raise ConfigError(f"{key}={path}: no such file (relative to {os.getcwd()}); give the path of {what}.")
-    return p

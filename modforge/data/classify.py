@@ -5,9 +5,9 @@
 * JSONL (``.jsonl``/``.json``/``.ndjson``): one JSON object per line with those keys.
 
 The label vocabulary is the sorted set of the training labels (as strings); it is
-attached to the tokenizer (``tokenizer.meta["labels"]``), so it travels in every
-checkpoint with the tokenizer state. Validation comes from ``data.val_path``, or,
-when that is unset, a seeded random ``val_fraction`` of the training file.
+returned in the data facts (``DataFacts.labels``), so the task builds its head
+from it and every checkpoint carries it. Validation comes from ``data.val_path``,
+or, when that is unset, a seeded random ``val_fraction`` of the training file.
 
 Every example becomes ``<bos> + ids`` (the ``<bos>`` doubles as the CLS token),
 truncated to ``max_len`` tokens. Batches are dicts: ``src`` (B, T) int64 padded
@@ -16,15 +16,14 @@ with <pad>, ``src_mask`` (B, T) True at real tokens, ``label`` (B,) int64.
 import csv
 import json
 import os
-import random
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from modforge.data.examples import ExamplesData
-from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
-from modforge.data.tokenizers import BOS, PAD, TokenizedDataConfig, Tokenizer, make_tokenizer
+from modforge.data.corpus import existing_file
+from modforge.data.examples import ExamplesData, collate_labeled, hold_out
+from modforge.data.tokenizers import BOS, TokenizedDataConfig, Tokenizer
 from modforge.registry import ConfigError, register
 
 
@@ -124,63 +123,37 @@ def read_examples(path: Optional[str], cfg: ClassifyDataConfig, key: str) -> lis
     return rows
 
 
-def collate_labeled(batch) -> dict:
-    """[(ids, label)] -> {"src", "src_mask", "label"} (padded with <pad>)."""
-    T = max(len(ids) for ids, _ in batch)
-    src = torch.full((len(batch), T), PAD, dtype=torch.long)
-    for i, (ids, _) in enumerate(batch):
-        src[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    return {"src": src, "src_mask": src != PAD, "label": torch.tensor([y for _, y in batch], dtype=torch.long)}
-
-
 @register("data", "classify", config=ClassifyDataConfig)
 class ClassifyData(ExamplesData):
     """Labelled text from CSV or JSONL (text, label) for sequence classification (task=classify)."""
 
     collate = staticmethod(collate_labeled)
 
-    def __init__(self, cfg: ClassifyDataConfig):
-        super().__init__(cfg)
-        self.labels: list[str] = []
-
-    def split(self) -> tuple[list, list, str]:
+    def read(self) -> tuple[list, list]:
         c = self.cfg
         rows = read_examples(c.path, c, "data.path")
         if c.val_path:
-            return rows, read_examples(c.val_path, c, "data.val_path"), "data.val_path"
-        if len(rows) < 2:
-            raise ConfigError(f"data.path={c.path}: {len(rows)} example(s); need at least 2 to hold some out.")
-        order = list(range(len(rows)))
-        random.Random(c.seed).shuffle(order)
-        n_val = min(len(rows) - 1, max(1, round(len(rows) * c.val_fraction)))
-        val = sorted(order[:n_val])
-        train = sorted(order[n_val:])
-        return [rows[i] for i in train], [rows[i] for i in val], "data.path"
+            return rows, read_examples(c.val_path, c, "data.val_path")
+        return hold_out(rows, c.val_fraction, c.seed, f"data.path={c.path}")
 
-    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> Tokenizer:
-        if self.tokenizer is not None:
-            return self.tokenizer
+    def texts(self, rows: list) -> list[str]:
+        return [t for t, _, _ in rows]
+
+    def encode(self, train: list, val: list, tok: Tokenizer) -> tuple[list, list, dict]:
         c = self.cfg
-        tok = tokenizer or make_tokenizer(c)  # first: a bad tokenizer key fails before any reading
-        train, val, val_key = self.split()
         labels = sorted({y for _, y, _ in train})
         index = {y: i for i, y in enumerate(labels)}
         for _, y, line in val:
             if y not in index:
-                src = c.val_path if c.val_path else c.path
-                raise ConfigError(f"{val_key}={src}, line {line}: label {y!r} does not occur in the training "
+                key, src = ("data.val_path", c.val_path) if c.val_path else ("data.path", c.path)
+                raise ConfigError(f"{key}={src}, line {line}: label {y!r} does not occur in the training "
                                   f"examples (labels: {', '.join(labels)}).")
-        texts = [t for t, _, _ in train]
-        tok = tokenizer or fit_tokenizer(tok, lambda: texts, {"examples": text_sha(texts)}, cache_root(c.cache_dir))
-        tok.meta = {**tok.meta, "labels": labels}
 
         def encode(rows):
             return [([BOS] + tok.encode(t)[: c.max_len - 1], index[y]) for t, y, _ in rows]
 
-        self.train_set, self.val_set, self.labels, self.tokenizer = encode(train), encode(val), labels, tok
-        counts = torch.bincount(torch.tensor([y for _, y in self.val_set]), minlength=len(labels))
-        self.stats = {
-            "train_examples": len(train), "val_examples": len(val), "n_labels": len(labels),
-            "majority_val_acc": float(counts.max()) / len(val),
-        }
-        return tok
+        train_set, val_set = encode(train), encode(val)
+        counts = torch.bincount(torch.tensor([y for _, y in val_set]), minlength=len(labels))
+        stats = {"train_examples": len(train), "val_examples": len(val), "n_labels": len(labels),
+                 "majority_val_acc": float(counts.max()) / len(val)}
+        return train_set, val_set, {"labels": labels, "stats": stats}

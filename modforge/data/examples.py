@@ -1,30 +1,88 @@
-"""Base datamodule for datasets held as a list of encoded examples (classification, parallel text)."""
-from typing import Callable, Optional
+"""Datasets held as lists of encoded examples (classification, parallel text): what they share.
 
-import lightning as L
+* :class:`ExamplesData`: the ``prepare`` sequence (tokenizer first, so a bad
+  tokenizer key fails before any reading; read; fit the tokenizer on the
+  training texts, cached; encode) and the dataloaders;
+* :func:`hold_out`: the seeded validation split when no validation file is given;
+* the collate functions that pad examples into batches.
+"""
+import random
+from typing import Callable, Optional, Sequence
+
+import torch
 from torch.utils.data import DataLoader
 
-from modforge.data.tokenizers import Tokenizer
+from modforge.data.base import DataFacts, DataModule
+from modforge.data.cache import cache_root, fit_tokenizer
+from modforge.data.corpus import text_sha
+from modforge.data.tokenizers import BOS, EOS, PAD, Tokenizer, make_tokenizer
+from modforge.registry import ConfigError
 
 
-class ExamplesData(L.LightningDataModule):
-    """Subclasses fill ``train_set``/``val_set`` and the tokenizer in :meth:`prepare`, and name their ``collate``."""
+def hold_out(rows: Sequence, fraction: float, seed: int, what: str) -> tuple[list, list]:
+    """(train, val): a seeded random ``fraction`` of ``rows`` (at least one, never all) held out, order kept."""
+    if len(rows) < 2:
+        raise ConfigError(f"{what}: {len(rows)} example(s); need at least 2 to hold some out for validation.")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(rows) - 1, max(1, round(len(rows) * fraction)))
+    return [rows[i] for i in sorted(order[n_val:])], [rows[i] for i in sorted(order[:n_val])]
+
+
+def collate_pairs(batch) -> dict:
+    """[(src_ids, tgt_ids)] -> ``src``, ``src_mask`` (B, S); ``tgt_in`` = <bos> + target, ``tgt_out`` =
+    target + <eos>, ``tgt_mask`` (B, T); padded with <pad>, masks True at real tokens."""
+    S = max(len(s) for s, _ in batch)
+    T = max(len(t) for _, t in batch) + 1
+    src = torch.full((len(batch), S), PAD, dtype=torch.long)
+    tgt_in = torch.full((len(batch), T), PAD, dtype=torch.long)
+    tgt_out = torch.full((len(batch), T), PAD, dtype=torch.long)
+    for i, (s, t) in enumerate(batch):
+        src[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + list(t))
+        tgt_out[i, : len(t) + 1] = torch.tensor(list(t) + [EOS])
+    return {"src": src, "src_mask": src != PAD, "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_mask": tgt_in != PAD}
+
+
+def collate_labeled(batch) -> dict:
+    """[(ids, label)] -> ``src`` (B, T) padded with <pad>, ``src_mask`` True at real tokens, ``label`` (B,)."""
+    T = max(len(ids) for ids, _ in batch)
+    src = torch.full((len(batch), T), PAD, dtype=torch.long)
+    for i, (ids, _) in enumerate(batch):
+        src[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return {"src": src, "src_mask": src != PAD, "label": torch.tensor([y for _, y in batch], dtype=torch.long)}
+
+
+class ExamplesData(DataModule):
+    """Subclasses implement :meth:`read`, :meth:`texts` and :meth:`encode`, and name their ``collate``."""
 
     collate: Callable
 
     def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.tokenizer: Optional[Tokenizer] = None
+        super().__init__(cfg)
         self.train_set: list = []
         self.val_set: list = []
-        self.stats: dict = {}
 
-    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> Tokenizer:
+    def read(self) -> tuple[list, list]:
+        """(train rows, val rows), raw; every problem a ConfigError naming its key."""
         raise NotImplementedError
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        self.prepare()
+    def texts(self, rows: list) -> list[str]:
+        """The strings of training rows that the tokenizer is fitted on."""
+        raise NotImplementedError
+
+    def encode(self, train: list, val: list, tok: Tokenizer) -> tuple[list, list, dict]:
+        """(train examples, val examples, DataFacts fields besides tokenizer and positions: labels, stats)."""
+        raise NotImplementedError
+
+    def prepare_facts(self, tokenizer: Optional[Tokenizer]) -> DataFacts:
+        c = self.cfg
+        tok = tokenizer or make_tokenizer(c)  # first: a bad tokenizer key fails before any reading
+        train, val = self.read()
+        texts = self.texts(train)
+        tok = tokenizer or fit_tokenizer(tok, lambda: texts, {"examples": text_sha(texts)}, cache_root(c.cache_dir))
+        self.train_set, self.val_set, extra = self.encode(train, val, tok)
+        return DataFacts(tok, positions=c.max_len, **extra)
 
     def _loader(self, examples: list, train: bool) -> DataLoader:
         c = self.cfg

@@ -29,7 +29,6 @@ takes a representative subset.
 """
 import glob
 import hashlib
-import math
 import os
 import sysconfig
 import urllib.request
@@ -37,16 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from modforge.data.cache import (
-    CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, atomic_file, cache_root, corpus_info, expand_paths,
-    fit_tokenizer, token_cache, window,
-)
+from modforge.data.base import DataFacts, DataModule
+from modforge.data.cache import cache_root, corpus_info, fit_tokenizer, token_cache
+from modforge.data.corpus import CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, expand_paths, window
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer, rechunk
+from modforge.io import atomic_file
 from modforge.registry import ConfigError, register
 
 SHUFFLE_LIMIT = 1 << 24  # above this many training windows, sample starts with replacement
@@ -92,16 +90,13 @@ class TextDataConfig(TokenizedDataConfig):
             raise ConfigError(f"data.max_chars={self.max_chars}: must be >= 1 (or null for the whole corpus)")
 
 
-class TextLMData(L.LightningDataModule):
+class TextLMData(DataModule):
     """Base for corpora of plain text; subclasses implement :meth:`corpus` (a stream, for large
     corpora) or just :meth:`read_text` (the whole text as one string)."""
 
     def __init__(self, cfg: TextDataConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tokenizer: Optional[Tokenizer] = None
+        super().__init__(cfg)
         self.train_tokens = self.val_tokens = None
-        self.stats: dict = {}
 
     def corpus(self) -> Corpus:
         if type(self).read_text is TextLMData.read_text:
@@ -111,11 +106,9 @@ class TextLMData(L.LightningDataModule):
     def read_text(self) -> str:
         return "".join(self.corpus().pieces())
 
-    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> Tokenizer:
+    def prepare_facts(self, tokenizer: Optional[Tokenizer]) -> DataFacts:
         """Count and split the corpus, fit the tokenizer on the training split (unless given one; a fitted
         tokenizer is cached) and tokenize both splits into the memory-mapped cache (once)."""
-        if self.tokenizer is not None:
-            return self.tokenizer
         c = self.cfg
         tok = tokenizer or make_tokenizer(c)  # first: a bad tokenizer key fails before the corpus is read
         root = cache_root(c.cache_dir)
@@ -136,12 +129,8 @@ class TextLMData(L.LightningDataModule):
                 f"{len(cache.val)} val tokens; each needs more than block_size"
             )
         self.train_tokens, self.val_tokens = cache.train, cache.val
-        self.stats = {**cache.stats, "token_cache": str(cache.directory)}
-        self.tokenizer = tok
-        return tok
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        self.prepare()
+        stats = {**cache.stats, "token_cache": str(cache.directory)}
+        return DataFacts(tok, positions=c.block_size, tokens_per_char=stats["val_tokens_per_char"], stats=stats)
 
     def train_dataloader(self) -> DataLoader:
         b = self.cfg.block_size
@@ -344,6 +333,3 @@ class HFData(TextLMData):
 
         return IterCorpus(rows, ident, f"{c.dataset}:{c.subset or ''}:{c.split}")
 
-
-def bits(loss_nats: float) -> float:
-    return loss_nats / math.log(2)

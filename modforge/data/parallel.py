@@ -9,19 +9,16 @@ lines (in both files, or the whole TSV line) are skipped.
 One tokenizer is fitted on both sides of the training pairs (the shared
 vocabulary of the original Transformer). Each side is cut to ``max_len`` tokens
 (the target to ``max_len - 1``, leaving room for <bos>/<eos>). Batches are the
-dicts of :func:`modforge.data.seq2seq.collate_pairs` (``src``, ``src_mask``,
+dicts of :func:`modforge.data.examples.collate_pairs` (``src``, ``src_mask``,
 ``tgt_in``, ``tgt_out``, ``tgt_mask``: padding masks on both sides), so the
 ``seq2seq`` task trains on them unchanged.
 """
-import random
 from dataclasses import dataclass
 from typing import Optional
 
-
-from modforge.data.examples import ExamplesData
-from modforge.data.cache import cache_root, existing_file, fit_tokenizer, text_sha
-from modforge.data.seq2seq import collate_pairs
-from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer
+from modforge.data.corpus import existing_file
+from modforge.data.examples import ExamplesData, collate_pairs, hold_out
+from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer
 from modforge.registry import ConfigError, register
 
 
@@ -105,7 +102,6 @@ class ParallelData(ExamplesData):
 
     collate = staticmethod(collate_pairs)
 
-
     def read(self) -> tuple[list, list]:
         c = self.cfg
         pairs = read_tsv_pairs(c.path, "data.path") if c.path else \
@@ -114,30 +110,21 @@ class ParallelData(ExamplesData):
             return pairs, read_tsv_pairs(c.val_path, "data.val_path")
         if c.val_src_path:
             return pairs, read_aligned(c.val_src_path, c.val_tgt_path, "data.val_src_path", "data.val_tgt_path")
-        if len(pairs) < 2:
-            raise ConfigError(f"data=parallel: {len(pairs)} pair(s); need at least 2 to hold some out.")
-        order = list(range(len(pairs)))
-        random.Random(c.seed).shuffle(order)
-        n_val = min(len(pairs) - 1, max(1, round(len(pairs) * c.val_fraction)))
-        return [pairs[i] for i in sorted(order[n_val:])], [pairs[i] for i in sorted(order[:n_val])]
+        return hold_out(pairs, c.val_fraction, c.seed, "data=parallel")
 
-    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> Tokenizer:
-        if self.tokenizer is not None:
-            return self.tokenizer
+    def texts(self, rows: list) -> list[str]:
+        return [t for pair in rows for t in pair]  # one vocabulary for both sides
+
+    def encode(self, train: list, val: list, tok: Tokenizer) -> tuple[list, list, dict]:
         c = self.cfg
-        tok = tokenizer or make_tokenizer(c)  # first: a bad tokenizer key fails before any reading
-        train, val = self.read()
-        texts = [t for pair in train for t in pair]
-        tok = tokenizer or fit_tokenizer(tok, lambda: texts, {"pairs": text_sha(texts)},
-                                         cache_root(c.cache_dir))
 
         def encode(pairs):
             return [(tok.encode(s)[: c.max_len], tok.encode(t)[: c.max_len - 1]) for s, t in pairs]
 
-        self.train_set, self.val_set, self.tokenizer = encode(train), encode(val), tok
-        self.stats = {
+        train_set, val_set = encode(train), encode(val)
+        stats = {
             "train_pairs": len(train), "val_pairs": len(val),
-            "max_src_tokens": max(len(s) for s, _ in self.train_set + self.val_set),
-            "max_tgt_tokens": max(len(t) for _, t in self.train_set + self.val_set) + 1,
+            "max_src_tokens": max(len(s) for s, _ in train_set + val_set),
+            "max_tgt_tokens": max(len(t) for _, t in train_set + val_set) + 1,
         }
-        return tok
+        return train_set, val_set, {"stats": stats}

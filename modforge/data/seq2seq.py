@@ -1,7 +1,8 @@
 """Sequence-to-sequence data: synthetic digit tasks (``reverse``, ``sort``), needing no download.
 
 Example i of a split is generated from a seeded RNG, so data are identical on
-every machine. Batches are dicts of padded tensors:
+every machine. Batches are the dicts of padded tensors that
+:func:`modforge.data.examples.collate_pairs` makes:
 
 * ``src`` (B, S) and ``src_mask`` (B, S), True at real tokens;
 * ``tgt_in`` = <bos> + target and ``tgt_out`` = target + <eos>, (B, T), padded
@@ -11,11 +12,11 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-import lightning as L
-import torch
 from torch.utils.data import DataLoader, Dataset
 
-from modforge.data.tokenizers import BOS, EOS, PAD, CharTokenizer, Tokenizer
+from modforge.data.base import DataFacts, DataModule
+from modforge.data.examples import collate_pairs
+from modforge.data.tokenizers import CharTokenizer, Tokenizer
 from modforge.registry import ConfigError, register
 
 
@@ -54,40 +55,17 @@ class Pairs(Dataset):
         return self.tok.encode(src), self.tok.encode(self.make(src))
 
 
-def collate_pairs(batch) -> dict:
-    """Pad a list of (src_ids, tgt_ids) into the batch dict described in the module docstring."""
-    S = max(len(s) for s, _ in batch)
-    T = max(len(t) for _, t in batch) + 1
-    src = torch.full((len(batch), S), PAD, dtype=torch.long)
-    tgt_in = torch.full((len(batch), T), PAD, dtype=torch.long)
-    tgt_out = torch.full((len(batch), T), PAD, dtype=torch.long)
-    for i, (s, t) in enumerate(batch):
-        src[i, : len(s)] = torch.tensor(s)
-        tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + t)
-        tgt_out[i, : len(t) + 1] = torch.tensor(t + [EOS])
-    return {"src": src, "src_mask": src != PAD, "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_mask": tgt_in != PAD}
-
-
-class SyntheticSeq2Seq(L.LightningDataModule):
+class SyntheticSeq2Seq(DataModule):
     """Base for generated digit-string tasks; subclasses define :meth:`target`."""
-
-    def __init__(self, cfg: SyntheticConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tokenizer: Optional[Tokenizer] = None
-        self.stats: dict = {}
 
     @staticmethod
     def target(src: str) -> str:
         raise NotImplementedError
 
-    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> Tokenizer:
-        if self.tokenizer is None:
-            self.tokenizer = tokenizer or CharTokenizer(chars="0123456789")
-        return self.tokenizer
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        self.prepare()
+    def prepare_facts(self, tokenizer: Optional[Tokenizer]) -> DataFacts:
+        c = self.cfg
+        return DataFacts(tokenizer or CharTokenizer(chars="0123456789"), positions=c.positions,
+                         stats={"train_pairs": c.n_train, "val_pairs": c.n_val})
 
     def _loader(self, n: int, seed: int, shuffle: bool) -> DataLoader:
         c = self.cfg

@@ -3,9 +3,9 @@
 Special tokens live here and only here: every tokenizer reserves the same five
 ids at the start of its vocabulary (``SPECIALS``: <pad> 0, <unk> 1, <bos> 2,
 <eos> 3, <mask> 4), and plain text never encodes to them.
-A tokenizer's :meth:`~Tokenizer.state` is stored in every checkpoint, so a model
-can be rebuilt and used from the checkpoint alone; ``state()["meta"]`` carries
-what a datamodule attaches to it (e.g. a classifier's label names).
+A tokenizer's :meth:`~Tokenizer.state` is stored in every checkpoint (inside the
+data facts, :class:`modforge.data.base.DataFacts`), so a model can be rebuilt and
+used from the checkpoint alone.
 
 Data configs select a tokenizer with ``data.tokenizer=<name>`` and pass
 ``data.vocab_size`` / ``data.tokenizer_path`` to it (:func:`make_tokenizer`);
@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from modforge.registry import ConfigError, build, get, register
+from modforge.registry import ConfigError, build, declare, get, register, registry
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")
 PAD, UNK, BOS, EOS, MASK = range(len(SPECIALS))
@@ -61,15 +61,6 @@ class Tokenizer:
         raise NotImplementedError
 
     # ------------------------------------------------------------ state
-    @property
-    def meta(self) -> dict:
-        """Data attached by a datamodule (e.g. ``labels``); saved with the state."""
-        return self.__dict__.setdefault("_meta", {})
-
-    @meta.setter
-    def meta(self, value: dict) -> None:
-        self.__dict__["_meta"] = dict(value or {})
-
     def own_state(self) -> dict:
         return {}
 
@@ -77,14 +68,10 @@ class Tokenizer:
         pass
 
     def state(self) -> dict:
-        s = {"name": self.name, **self.own_state()}
-        if self.meta:
-            s["meta"] = dict(self.meta)
-        return s
+        return {"name": self.name, **self.own_state()}
 
     def load_state(self, state: dict) -> "Tokenizer":
         self.load_own_state(state)
-        self.meta = state.get("meta") or {}
         return self
 
     def fit_key(self) -> dict:
@@ -95,15 +82,16 @@ class Tokenizer:
 
     def digest(self) -> str:
         """A hash of the fitted tokenizer (what token caches are keyed by)."""
-        s = self.state()
-        s.pop("meta", None)
-        blob = json.dumps({"state": s, "version": self.version}, sort_keys=True, default=str)
+        blob = json.dumps({"state": self.state(), "version": self.version}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     @property
     def token_dtype(self) -> np.dtype:
         """The smallest unsigned dtype that holds every id (uint16 where the vocabulary fits)."""
         return np.dtype(np.uint16) if self.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+declare("tokenizer", "text <-> token ids", base=Tokenizer, nested_in="data.tokenizer")
 
 
 @register("tokenizer", "char")
@@ -382,18 +370,12 @@ def make_tokenizer(data_cfg: Any) -> Tokenizer:
         if value is None:
             continue
         if field_name not in accepted:
-            takers = [e.name for e in _registry_entries()
+            takers = [e.name for e in registry("tokenizer").entries()
                       if field_name in {f.name for f in dataclasses.fields(e.config)}]
             raise ConfigError(f"data.{key}={value}: tokenizer '{name}' takes no {field_name}. "
                               f"Use it with data.tokenizer={'|'.join(takers) or '?'}, or leave it unset.")
         params[field_name] = value
     return build("tokenizer", {"name": name, **params})
-
-
-def _registry_entries():
-    from modforge.registry import registry
-
-    return registry("tokenizer").entries()
 
 
 def load_tokenizer(state: dict) -> Tokenizer:

@@ -1,4 +1,4 @@
-"""Architectures (kind ``model``): ``decoder_only``, ``encoder_only``, ``encoder_decoder``.
+"""Architectures (kind ``model``): the contract, and ``decoder_only``, ``encoder_only``, ``encoder_decoder``.
 
 Each is built as ``build("model", cfg.model, parts, vocab_size)`` and selects its
 default task (and through it, its default data) via the registry's ``defaults``.
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from modforge.models.blocks import Embedder, Parts, Stack, init_weights
-from modforge.registry import ConfigError, build, register
+from modforge.registry import ConfigError, build, declare, register
 
 
 @dataclass
@@ -47,14 +47,21 @@ class EncoderDecoderConfig(ModelConfig):
     dec_layers: Optional[int] = None  # None = n_layers
 
 
-class _LMBase(nn.Module):
-    """Shared pieces: token embedding, its tied (or separate) output projection.
+class Model(nn.Module):
+    """Base class of kind ``model``: built as ``cls(cfg, parts, vocab_size)``, ``cfg`` a :class:`ModelConfig`.
 
-    Capabilities, for code that must not ask for an architecture by name:
-    ``can_generate`` (has an autoregressive decoder) and ``needs_source``
-    (generation is conditioned on an encoded source).
+    Holds the token embedding and its tied (or separate) output projection.
+    Capabilities tell tasks and decoding what they may call, so no code asks
+    for an architecture by name:
+
+    * ``has_encoder``: ``encode(idx, mask) -> (B, T, d_model)`` hidden states;
+    * ``can_generate``: an autoregressive decoder with ``new_cache(capacity)`` (a
+      list of per-layer caches made by the attentions), called as
+      ``model(idx, cache=, offset=)`` -> logits, or, with ``needs_source``,
+      ``model.decode(tgt, memory, src_mask, cache=, offset=)`` on ``memory = encode(src, src_mask)``.
     """
 
+    has_encoder = False
     can_generate = False
     needs_source = False
 
@@ -75,9 +82,18 @@ class _LMBase(nn.Module):
         c = self.cfg
         return Embedder(self.tok, build("pos", parts.pos, c.d_model, c.n_heads, c.max_len), c.dropout, c.scale_embeddings)
 
+    def encode(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no encoder (has_encoder is False)")
+
+    def new_cache(self, capacity: Optional[int] = None) -> list:
+        raise NotImplementedError(f"{type(self).__name__} does not generate (can_generate is False)")
+
+
+declare("model", "architecture (and, through it, its default task)", base=Model, default="decoder_only")
+
 
 @register("model", "decoder_only", config=ModelConfig, defaults={"task": "causal_lm"})
-class DecoderOnly(_LMBase):
+class DecoderOnly(Model):
     """GPT-style causal language model."""
 
     can_generate = True
@@ -99,8 +115,10 @@ class DecoderOnly(_LMBase):
 
 
 @register("model", "encoder_only", config=ModelConfig, defaults={"task": "masked_lm"})
-class EncoderOnly(_LMBase):
+class EncoderOnly(Model):
     """BERT-style bidirectional encoder with a (tied) token-prediction head."""
+
+    has_encoder = True
 
     def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
         super().__init__(cfg, vocab_size)
@@ -117,7 +135,7 @@ class EncoderOnly(_LMBase):
 
 
 @register("model", "encoder_decoder", config=EncoderDecoderConfig, defaults={"task": "seq2seq"})
-class EncoderDecoder(_LMBase):
+class EncoderDecoder(Model):
     """The original Transformer: encoder, then a decoder with masked self-attention and cross-attention.
 
     Source and target share one vocabulary and one embedding matrix (tied to the
@@ -125,6 +143,7 @@ class EncoderDecoder(_LMBase):
     its own positional scheme instance.
     """
 
+    has_encoder = True
     can_generate = True
     needs_source = True
 

@@ -1,33 +1,45 @@
 """Transformer blocks and stacks, assembled only through the registry.
 
-A :class:`Parts` bundle carries the composed configs of the swappable parts
-(norm, residual, ffn, pos, attention). Every layer builds its own fresh modules
-from it with :func:`modforge.registry.build`, so no two layers share a norm.
+A :class:`Parts` bundle carries the composed configs of the swappable parts:
+one per kind declared ``part=True`` (norm, residual, ffn, pos, attention, and
+any a plugin declares). Every layer builds its own fresh modules from it with
+:func:`modforge.registry.build`, so no two layers share a norm.
 """
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from modforge.components.attention import KVCache
-from modforge.registry import build, resolve
+from modforge.registry import ConfigError, build, kind, part_kinds, resolve, suggest
 
 
-@dataclass
 class Parts:
-    """Configs (names, mappings or DictConfigs) of the parts a model is built from."""
+    """Configs (names, mappings or DictConfigs) of the parts a model is built from.
 
-    norm: Any = "layer"
-    residual: Any = "pre"
-    ffn: Any = "gelu"
-    pos: Any = "learned"
-    attention: Any = "mha"
+    ``Parts(norm="rms", ffn={"name": "swiglu"})``: one keyword per part kind; a
+    kind not given takes its declared default. ``parts.norm`` is that config.
+    """
+
+    def __init__(self, **configs: Any):
+        kinds = part_kinds()
+        for k in configs:
+            if k not in kinds:
+                raise ConfigError(f"Parts: '{k}' is not a part kind.{suggest(k, kinds)} Part kinds: {', '.join(kinds)}.")
+        self.configs = {k: configs[k] if k in configs else kind(k).default for k in kinds}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["configs"][name]
+        except KeyError:
+            raise AttributeError(f"Parts has no part '{name}' (part kinds: {', '.join(part_kinds())})") from None
+
+    def __repr__(self) -> str:
+        return "Parts(" + ", ".join(f"{k}={v!r}" for k, v in self.configs.items()) + ")"
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Parts":
         """Pick the part groups out of a composed run config (missing groups keep defaults)."""
-        return cls(**{f: cfg[f] for f in cls.__dataclass_fields__ if f in cfg})
+        return cls(**{k: cfg[k] for k in part_kinds() if k in cfg})
 
 
 class Block(nn.Module):
@@ -73,8 +85,10 @@ class Stack(nn.Module):
         self.final_norm = build("norm", parts.norm, d_model) if resolve("residual", parts.residual).final_norm else None
 
     def new_cache(self, capacity: int) -> list[dict]:
+        """One dict per layer: the caches its attentions made (``self``, and ``cross`` in a decoder with cross-attention)."""
         return [
-            {"self": KVCache(capacity), **({"cross": KVCache(capacity)} if self.cross else {})} for _ in self.blocks
+            {"self": b.self_attn.new_cache(capacity), **({"cross": b.cross_attn.new_cache(capacity)} if self.cross else {})}
+            for b in self.blocks
         ]
 
     def forward(self, x: torch.Tensor, *, pos, mask=None, memory=None, memory_mask=None,

@@ -1,8 +1,11 @@
-"""Task base class: a LightningModule that builds its model from a run config through the registry.
+"""The contract of kind ``task``: a LightningModule that builds its model from a run config through the registry.
 
-A task is constructed from the *resolved run config* (a plain dict) and the
-tokenizer's state; both are saved as hyper-parameters, so every checkpoint
-carries what is needed to rebuild model and tokenizer (:func:`load_checkpoint`).
+A task is constructed as ``cls(cfg, run_cfg, facts)``: its typed config, the
+*resolved run config* (a plain dict) and the :class:`~modforge.data.base.DataFacts`
+that the data's ``prepare()`` returned (tokenizer, positions, tokens per
+character, labels). The run config and the facts' state are saved as
+hyper-parameters, so every checkpoint carries what is needed to rebuild model,
+tokenizer and metrics (:func:`modforge.checkpoints.load_checkpoint`).
 """
 import math
 from dataclasses import dataclass
@@ -12,9 +15,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from modforge.data.tokenizers import load_tokenizer
+from modforge.data.base import DataFacts
 from modforge.models.blocks import Parts
-from modforge.registry import build, load_all, make_config
+from modforge.registry import build, declare
 
 
 @dataclass
@@ -23,25 +26,23 @@ class TaskConfig:
 
 
 class Task(L.LightningModule):
-    """Shared plumbing: model, optimizer/scheduler from the registry, token counting, loss."""
+    """Base class of kind ``task``: model, optimizer/scheduler from the registry, token counting, loss.
 
-    def __init__(self, cfg: Any, run_cfg: dict, tokenizer_state: dict):
+    Subclasses implement Lightning's ``training_step`` and ``validation_step``
+    (logging ``val/loss``), and may override :meth:`summary_sample`.
+    """
+
+    def __init__(self, cfg: Any, run_cfg: dict, facts: DataFacts):
         super().__init__()
-        self.save_hyperparameters({"run_cfg": run_cfg, "tokenizer_state": tokenizer_state})
+        self.save_hyperparameters({"run_cfg": run_cfg, "data_facts": facts.state()})
         self.cfg = cfg
         self.run_cfg = run_cfg
-        self.tokenizer = load_tokenizer(tokenizer_state)
+        self.facts = facts
+        self.tokenizer = facts.tokenizer
         self.model = build("model", run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size)
         self.tokens_seen = 0
-        self.context_len = self._trained_context()
-
-    def _trained_context(self) -> int:
-        """Longest context the model was trained on: the data's sequence length, capped by model.max_len."""
-        try:
-            positions = getattr(make_config("data", self.run_cfg["data"])[1], "positions", None)
-        except Exception:  # noqa: BLE001 - e.g. a checkpoint whose data plugin is not installed here
-            positions = None
-        return min(positions or self.model.cfg.max_len, self.model.cfg.max_len)
+        # the longest context the model was trained on: the data's sequence length, capped by model.max_len
+        self.context_len = min(facts.positions or self.model.cfg.max_len, self.model.cfg.max_len)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self):
@@ -71,17 +72,9 @@ class Task(L.LightningModule):
         return None
 
 
+declare("task", "training objective (a LightningModule) and its default data (chosen by the model unless given)",
+        base=Task)
+
+
 def bits(nats: float) -> float:
     return nats / math.log(2)
-
-
-def load_checkpoint(path: str, map_location: str = "cpu") -> Task:
-    """Rebuild a task (model + tokenizer) from a checkpoint file alone, in eval mode."""
-    load_all()  # built-ins and plugins: the checkpoint names its components
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    hp = ckpt["hyper_parameters"]
-    entry, task_cfg = make_config("task", hp["run_cfg"]["task"])
-    task = entry.cls(task_cfg, hp["run_cfg"], hp["tokenizer_state"])
-    task.load_state_dict(ckpt["state_dict"])
-    task.tokens_seen = int(ckpt.get("tokens_seen", 0))
-    return task.eval()

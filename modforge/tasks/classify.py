@@ -6,8 +6,8 @@ encoder of ``encoder_decoder`` works too). Pooling (``task.pooling``):
 * ``cls``: the hidden state at position 0, the ``<bos>`` token every example starts with (BERT's [CLS]);
 * ``mean``: the average hidden state over real (non-padding) tokens, ``<bos>`` included.
 
-The label names come from the data (``tokenizer.meta["labels"]``), so a
-checkpoint alone rebuilds the head and names its predictions. Reports
+The label names come from the data (``DataFacts.labels``), saved in every
+checkpoint, so a checkpoint alone rebuilds the head and names its predictions. Reports
 ``val/loss`` and ``val/acc`` (accuracy over all validation examples).
 """
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modforge.data.base import DataFacts
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import Task, TaskConfig
 
@@ -49,13 +50,13 @@ class ClassifyConfig(TaskConfig):
 class Classify(Task):
     """Text classification with an encoder and a CLS or mean-pooled linear head; reports accuracy."""
 
-    def __init__(self, cfg: ClassifyConfig, run_cfg: dict, tokenizer_state: dict):
-        super().__init__(cfg, run_cfg, tokenizer_state)
-        self.labels: list[str] = list(self.tokenizer.meta.get("labels") or [])
+    def __init__(self, cfg: ClassifyConfig, run_cfg: dict, facts: DataFacts):
+        super().__init__(cfg, run_cfg, facts)
+        self.labels: list[str] = list(facts.labels or [])
         if len(self.labels) < 1:
             raise ConfigError("task=classify: the data gave no label names; use it with labelled data "
                               "(data=classify data.path=<csv or jsonl>)")
-        if not callable(getattr(self.model, "encode", None)):
+        if not self.model.has_encoder:
             raise ConfigError(f"task=classify needs a model with an encoder (model=encoder_only); "
                               f"model={run_cfg['model'].get('name')} has none")
         self.pool = POOLING[cfg.pooling]

@@ -32,8 +32,8 @@ class CausalLM(Task):
         loss = self.xent(self.model(x), y, smoothing=0.0)
         self.log("val/loss", loss, prog_bar=True)
         # bits per character: nats per token -> bits, times tokens per character of the val text
-        tpc = float(getattr(self, "tokens_per_char", 1.0))
-        self.log("val/bpc", bits(loss.item()) * tpc)
+        if self.facts.tokens_per_char is not None:
+            self.log("val/bpc", bits(loss.item()) * self.facts.tokens_per_char)
         return loss
 
     def generate_text(self, prompt: str, max_new: int, temperature: float = 0.8, top_k: int = 0,

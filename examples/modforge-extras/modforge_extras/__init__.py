@@ -11,7 +11,9 @@ the config. It registers:
 
 and ships YAML (``experiment=extras_small``) through :data:`MODFORGE_CONFIG_DIR`.
 Only modforge's public API is used: :func:`modforge.register`,
-:class:`modforge.ConfigError` and :class:`modforge.components.positions.PositionalScheme`.
+:class:`modforge.ConfigError` and the base classes of the kinds it extends
+(:class:`~modforge.components.norms.Norm`, :class:`~modforge.components.ffn.FFN`,
+:class:`~modforge.components.positions.PositionalScheme`).
 """
 import math
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from modforge import ConfigError, register
+from modforge.components.ffn import FFN
+from modforge.components.norms import Norm
 from modforge.components.positions import PositionalScheme
 
 __version__ = "0.1.0"
@@ -36,7 +40,7 @@ __all__ = ["ScaleNorm", "DynamicTanh", "SquaredReLUFFN", "ALiBi", "alibi_slopes"
 
 
 @register("norm", "scale")
-class ScaleNorm(nn.Module):
+class ScaleNorm(Norm):
     """ScaleNorm (Nguyen & Salazar 2019): g * x / max(||x||_2, eps), one learned scalar g (init sqrt(d))."""
 
     @dataclass
@@ -56,7 +60,7 @@ class ScaleNorm(nn.Module):
 
 
 @register("norm", "dyt")
-class DynamicTanh(nn.Module):
+class DynamicTanh(Norm):
     """Dynamic Tanh (Zhu et al. 2025, "Transformers without Normalization"): weight * tanh(alpha * x) + bias.
 
     ``alpha`` is one learned scalar (init ``alpha_init``, 0.5 in the paper's
@@ -83,7 +87,7 @@ class DynamicTanh(nn.Module):
 
 
 @register("ffn", "relu2")
-class SquaredReLUFFN(nn.Module):
+class SquaredReLUFFN(FFN):
     """Squared-ReLU FFN (So et al. 2021, Primer): W2 relu(W1 x)^2 (no biases by default)."""
 
     @dataclass

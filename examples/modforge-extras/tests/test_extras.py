@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from modforge import registry
+from modforge.builtins import load_all
 from modforge.models.architectures import ModelConfig
 from modforge.models.blocks import Parts
 
-registry.load_all()
+load_all()
 if "scale" not in registry.registry("norm"):
     pytest.skip("modforge-extras is not installed (pip install -e examples/modforge-extras)", allow_module_level=True)
 

@@ -1,0 +1,27 @@
+"""What every command-line entry point shares: a mistake ends in one line on stderr and exit code 2."""
+import contextlib
+import sys
+from typing import Iterator, NoReturn
+
+from modforge.registry import ModforgeError
+
+EXIT_USAGE = 2
+
+
+def fail(error: BaseException) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit with code 2: no traceback."""
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Inside this block a :class:`~modforge.registry.ModforgeError` ends the program through :func:`fail`."""
+    try:
+        yield
+    except ModforgeError as e:
+        fail(e)
+
+
+def wants_help(argv: list) -> bool:
+    return any(a in ("-h", "--help") for a in argv)

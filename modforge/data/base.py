@@ -1,0 +1,78 @@
+"""The contract of kind ``data``, and the facts a datamodule learns about its data.
+
+A datamodule is built as ``cls(cfg)`` from its typed config. Its
+:meth:`DataModule.prepare` reads the data, fits (or receives) the tokenizer and
+returns :class:`DataFacts`: everything the task must know about the data
+(the tokenizer, the longest sequence, tokens per character, class labels).
+The facts are passed to the task explicitly and saved in every checkpoint, so a
+reloaded model reports the same metrics as the run that trained it.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import lightning as L
+
+from modforge.data.tokenizers import Tokenizer, load_tokenizer
+from modforge.registry import declare
+
+
+@dataclass
+class DataFacts:
+    """What :meth:`DataModule.prepare` learns, and the task needs."""
+
+    tokenizer: Tokenizer
+    positions: int  # the longest sequence a batch holds (the model needs this many positions)
+    tokens_per_char: Optional[float] = None  # of the validation text: nats/token -> bits/char (None: not text)
+    labels: Optional[list] = None  # class names, in label-id order (classification data)
+    stats: dict = field(default_factory=dict)  # figures for metrics.json: sizes, a unigram baseline, ...
+
+    def state(self) -> dict:
+        """Plain containers only (what a checkpoint stores)."""
+        return {"tokenizer": self.tokenizer.state(), "positions": int(self.positions),
+                "tokens_per_char": self.tokens_per_char, "labels": list(self.labels) if self.labels else None,
+                "stats": dict(self.stats)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "DataFacts":
+        return cls(load_tokenizer(state["tokenizer"]), int(state["positions"]), state.get("tokens_per_char"),
+                   state.get("labels"), dict(state.get("stats") or {}))
+
+
+class DataModule(L.LightningDataModule):
+    """Base class of kind ``data``: built as ``cls(cfg)``; :meth:`prepare` -> :class:`DataFacts`, then the
+    Lightning dataloaders (``train_dataloader``, ``val_dataloader``).
+
+    Subclasses implement :meth:`prepare_facts`; :meth:`prepare` runs it once
+    and keeps the result in ``self.facts``.
+    """
+
+    def __init__(self, cfg: Any):
+        super().__init__()
+        self.cfg = cfg
+        self.facts: Optional[DataFacts] = None
+
+    @classmethod
+    def max_positions(cls, cfg: Any) -> Optional[int]:
+        """The longest sequence a batch will hold, known from the config alone, so that a too short
+        ``model.max_len`` fails before any work; None when only :meth:`prepare` can tell.
+        Default: the config's ``positions`` property, if it has one."""
+        return getattr(cfg, "positions", None)
+
+    def prepare(self, tokenizer: Optional[Tokenizer] = None) -> DataFacts:
+        """Read the data, fit the tokenizer (or use ``tokenizer``), and return what was learnt (once)."""
+        if self.facts is None:
+            self.facts = self.prepare_facts(tokenizer)
+        return self.facts
+
+    def prepare_facts(self, tokenizer: Optional[Tokenizer]) -> DataFacts:
+        raise NotImplementedError(f"{type(self).__name__} must implement prepare_facts()")
+
+    @property
+    def tokenizer(self) -> Optional[Tokenizer]:
+        return self.facts.tokenizer if self.facts is not None else None
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        self.prepare()
+
+
+declare("data", "dataset / datamodule (chosen by the task unless given)", base=DataModule)
