@@ -1,7 +1,7 @@
 """What every command-line entry point shares: a mistake ends in one line on stderr and exit code 2."""
 import contextlib
 import sys
-from typing import Iterator, NoReturn
+from typing import Callable, Iterator, NoReturn, Optional
 
 from modforge.registry import ModforgeError
 
@@ -25,3 +25,13 @@ def one_line_errors() -> Iterator[None]:
 
 def wants_help(argv: list) -> bool:
     return any(a in ("-h", "--help") for a in argv)
+
+
+def command(doc: str, body: Callable[[list], None], argv: Optional[list] = None) -> None:
+    """Run ``body(argv)`` as a command: ``-h``/``--help`` prints ``doc``; a ModforgeError is one line, exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print(doc)
+        return
+    with one_line_errors():
+        body(argv)

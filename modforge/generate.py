@@ -12,14 +12,13 @@ generated text. Keys (``key=value``, any order):
   temperature, top_k, top_p, seed                               (sample; 1.0, 0 = off, 1.0 = off, 0)
   num_samples     independent samples to print                  (sample; 1)
 """
-import sys
 from dataclasses import dataclass
 from typing import Optional
 
 from omegaconf import OmegaConf
 
 from modforge import registry
-from modforge.cli import one_line_errors, wants_help
+from modforge.cli import command
 from modforge.decoding import STRATEGIES, generate
 
 
@@ -83,18 +82,17 @@ def run(cfg: GenerateConfig) -> list[str]:
     ]
 
 
-def main(argv: Optional[list] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if wants_help(argv):
-        print(__doc__)
-        return
-    with one_line_errors():
-        cfg = parse(argv)
-        outs = run(cfg)
+def generate_command(argv: list) -> None:
+    cfg = parse(argv)
+    outs = run(cfg)
     for i, text in enumerate(outs):
         if len(outs) > 1:
             print(f"--- sample {i + 1}")
         print(cfg.prompt + text)
+
+
+def main(argv: Optional[list] = None) -> None:
+    command(__doc__, generate_command, argv)
 
 
 if __name__ == "__main__":

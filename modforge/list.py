@@ -6,12 +6,11 @@
   python -m modforge.list norm rms      one component: its whole docstring and its parameters
 """
 import inspect
-import sys
 from typing import Optional
 
 from modforge import registry
 from modforge.builtins import load_all
-from modforge.cli import one_line_errors, wants_help
+from modforge.cli import command
 
 PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
                  "trainer": "lightning.Trainer settings (conf/trainer/)"}
@@ -76,20 +75,19 @@ def render(kinds: Optional[list] = None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if wants_help(argv):
-        print(__doc__)
+def list_command(argv: list) -> None:
+    load_all()
+    if len(argv) == 2 and argv[0] not in PRESET_GROUPS and argv[1] not in [*registry.kinds(), *PRESET_GROUPS]:
+        print(render_one(*argv))
         return
-    with one_line_errors():
-        load_all()
-        if len(argv) == 2 and argv[0] not in PRESET_GROUPS and argv[1] not in [*registry.kinds(), *PRESET_GROUPS]:
-            print(render_one(*argv))
-            return
-        for a in argv:
-            if a not in PRESET_GROUPS:
-                registry.registry(a)  # an unknown kind: one line with suggestions
-        print(render(argv or None))
+    for a in argv:
+        if a not in PRESET_GROUPS:
+            registry.registry(a)  # an unknown kind: one line with suggestions
+    print(render(argv or None))
+
+
+def main(argv: Optional[list] = None) -> None:
+    command(__doc__, list_command, argv)
 
 
 if __name__ == "__main__":

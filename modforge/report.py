@@ -17,13 +17,12 @@ import json
 import math
 import re
 import statistics
-import sys
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
-from modforge.cli import one_line_errors, wants_help
+from modforge.cli import command
 from modforge.registry import ModforgeError
 
 USAGE = ("usage: python -m modforge.report <multirun dir> [metric=val/loss] [over=seed[,other]] [sort=best|name] "
@@ -119,21 +118,16 @@ def parse_args(argv: list[str]) -> dict:
     return args
 
 
-def main(argv: Optional[list] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if wants_help(argv):
-        print(__doc__)
-        return
-    with one_line_errors():
-        a = parse_args(argv)
-        root = Path(a["dir"])
-        if not root.is_dir():
-            raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")
-        jobs, unfinished = load_jobs(root)
-        if not jobs:
-            raise ReportError(f"{root}: no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)")
-        over = tuple(k for k in a["over"].split(",") if k)
-        varying, shared, rows = summarise(jobs, a["metric"], over, a["sort"], a["best"])
+def report_command(argv: list) -> None:
+    a = parse_args(argv)
+    root = Path(a["dir"])
+    if not root.is_dir():
+        raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")
+    jobs, unfinished = load_jobs(root)
+    if not jobs:
+        raise ReportError(f"{root}: no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)")
+    over = tuple(k for k in a["over"].split(",") if k)
+    varying, shared, rows = summarise(jobs, a["metric"], over, a["sort"], a["best"])
     if shared:
         print("shared: " + " ".join(f"{k}={v}" for k, v in shared.items()))
     order = "by name" if a["sort"] == "name" else f"best first ({'lower' if a['best'] == 'min' else 'higher'} is better)"
@@ -141,6 +135,10 @@ def main(argv: Optional[list] = None) -> None:
     print(markdown(varying, rows, a["metric"]))
     if unfinished:
         print(f"\n{len(unfinished)} unfinished (no metrics.json): " + ", ".join(str(p.relative_to(root)) for p in unfinished))
+
+
+def main(argv: Optional[list] = None) -> None:
+    command(__doc__, report_command, argv)
 
 
 if __name__ == "__main__":
