@@ -3,10 +3,9 @@ import os
 import pytest
 import torch
 
-from modforge import registry
-from modforge.builtins import load_builtins
+from modforge.builtins import load_all
 
-load_builtins()
+load_all()  # built-ins and installed plugins: tests that enumerate the registry cover plugins too
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -28,6 +28,14 @@ FIXTURES = HERE / "data"
 SHAKESPEARE = HERE.parent.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
+
+def unigram_cross_entropy(train, val, vocab: int) -> float:
+    """The reference: cross-entropy (nats/token) on val of the train split's add-one-smoothed unigram distribution."""
+    train, val = torch.as_tensor(np.asarray(train, dtype=np.int64)), torch.as_tensor(np.asarray(val, dtype=np.int64))
+    counts = torch.bincount(train, minlength=vocab).double() + 1.0
+    logp = (counts / counts.sum()).log()
+    return float(-logp[val].mean())
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MODFORGE_CACHE", str(tmp_path / "cache"))
@@ -85,7 +93,7 @@ def test_token_cache_gives_the_ids_of_direct_tokenization(corpus_file, small_chu
     assert (s["train_chars"], s["val_chars"]) == (len(train), len(val))
     assert (s["train_tokens"], s["val_tokens"]) == (len(direct["train"]), len(direct["val"]))
     assert s["unigram_val_loss"] == pytest.approx(
-        lm.unigram_cross_entropy(direct["train"], direct["val"], tok.vocab_size), rel=1e-9)
+        unigram_cross_entropy(direct["train"], direct["val"], tok.vocab_size), rel=1e-9)
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (4, 16) and x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
 
@@ -432,3 +440,15 @@ def test_causal_lm_trains_on_tinyshakespeare_with_bpe(tmp_path):
     m = run(cfg, tmp_path / "run")
     assert np.isfinite(m["val"]["val/loss"]) and m["unigram_val_loss"] > 0
     assert load_checkpoint(m["checkpoint"]).tokenizer.vocab_size == 300
+
+
+def test_synthetic_targets_are_reversed_and_sorted_digits():
+    for name, rule in (("reverse", lambda s: s[::-1]), ("sort", lambda s: "".join(sorted(s)))):
+        dm = build("data", {"name": name, "n_train": 20, "n_val": 8, "batch_size": 4})
+        tok = dm.prepare().tokenizer
+        assert dm.facts.positions == 13  # max_len 12 plus <bos>/<eos>
+        b = next(iter(dm.val_dataloader()))
+        for src, out in zip(b["src"], b["tgt_out"]):
+            s = tok.decode(src.tolist())
+            assert 3 <= len(s) <= 12 and s.isdigit()
+            assert tok.decode(out.tolist()) == rule(s)

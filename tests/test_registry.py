@@ -93,3 +93,39 @@ def test_list_shows_providers_and_defaults():
     out = render(["norm", "ffn"])
     assert "rms" in out and "[built-in]" in out and "eps_placement='inside'" in out
     assert "match_params=True" in out
+
+
+def test_list_shows_where_each_component_lives_its_docstring_and_the_presets(capsys):
+    from modforge.list import main
+
+    main([])
+    out = capsys.readouterr().out
+    assert "modforge.components.norms.RMSNorm" in out and "base modforge.components.norms.Norm" in out
+    assert "chosen with ffn.activation=NAME" in out  # a nested kind says which key selects it
+    assert "experiment:" in out and "shakespeare_char" in out and "vanilla_transformer" in out
+    assert "trainer:" in out and "  ddp" in out and "  lightning" not in out
+    main(["norm", "rms"])
+    one = capsys.readouterr().out
+    assert one.startswith("norm rms  [built-in]  modforge.components.norms.RMSNorm")
+    assert "reference 000 and 001" in one  # the whole docstring, not only its first line
+    assert "eps_placement = 'inside'" in one
+
+
+@pytest.mark.parametrize("argv,match", [(["nrom"], "Did you mean 'norm'"), (["norm", "rmss"], "Did you mean 'rms'")])
+def test_list_errors_are_one_line(argv, match, capsys):
+    from modforge.list import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and match in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("module", ["list", "generate", "report"])
+def test_every_entry_point_has_help(module, capsys):
+    import importlib
+
+    mod = importlib.import_module(f"modforge.{module}")
+    mod.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.strip() == mod.__doc__.strip() and f"python -m modforge.{module}" in out

@@ -43,6 +43,28 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "rope", p.stderr[-2000:]
 
 
+def test_a_reloaded_checkpoint_reports_the_metrics_of_the_run_that_trained_it(tmp_path):
+    """val/bpc needs the data's tokens per character; it travels in the checkpoint with the other data facts.
+    With BPE (about 0.4 tokens per character) bits per token would be a different, wrong number."""
+    import lightning as L
+
+    from modforge import registry
+
+    cfg = compose(tiny_overrides(steps=2) + ["data.max_chars=40000", "data.tokenizer=bpe", "data.vocab_size=300",
+                                              "sample=false"])
+    m = run(cfg, tmp_path)
+    task = load_checkpoint(m["checkpoint"])
+    assert task.facts.tokens_per_char == pytest.approx(m["val"]["val/bpc"] / (m["val"]["val/loss"] / math.log(2)))
+    assert task.facts.tokens_per_char < 0.9
+    dm = registry.build("data", cfg.data)
+    dm.prepare(task.tokenizer)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=cfg.trainer.limit_val_batches)
+    again = trainer.validate(task, datamodule=dm, verbose=False)[0]
+    assert again["val/loss"] == pytest.approx(m["val"]["val/loss"], rel=1e-6)
+    assert again["val/bpc"] == pytest.approx(m["val"]["val/bpc"], rel=1e-6)
+
+
 def count_training_steps(monkeypatch) -> list:
     """Record every training_step call of the causal_lm task (a resumed run must only take the remaining ones)."""
     from modforge import registry
@@ -287,3 +309,12 @@ def test_ddp_inside_a_sweep_runs_each_job_once_in_its_own_directory(tmp_path):
         assert m["config"]["norm"] == norm and m["tokens_seen"] == 2 * 2 * 12 * 64  # both ranks counted
         assert (job / "train_ddp_process_1.log").exists()  # rank 1 ran in this job's directory
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+@pytest.mark.slow
+def test_train_help_lists_the_config_groups_and_no_nested_kind():
+    p = subprocess.run([sys.executable, "-m", "modforge.train", "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    groups = p.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert "norm: batch" in groups and "experiment:" in groups
+    assert "activation:" not in groups and "tokenizer:" not in groups  # chosen through ffn.activation, data.tokenizer

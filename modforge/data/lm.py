@@ -150,14 +150,6 @@ class TextLMData(DataModule):
                           num_workers=self.cfg.num_workers)
 
 
-def unigram_cross_entropy(train: Any, val: Any, vocab: int) -> float:
-    """Cross-entropy (nats/token) on val of the train split's add-one-smoothed unigram distribution."""
-    train, val = torch.as_tensor(np.asarray(train, dtype=np.int64)), torch.as_tensor(np.asarray(val, dtype=np.int64))
-    counts = torch.bincount(train, minlength=vocab).double() + 1.0
-    logp = (counts / counts.sum()).log()
-    return float(-logp[val].mean())
-
-
 # --------------------------------------------------------------------------- stdlib
 
 def stdlib_sources() -> list[str]:
