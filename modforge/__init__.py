@@ -1,8 +1,8 @@
 """modforge: a config-driven registry of swappable Transformer components.
 
 ``import modforge`` is cheap: it imports neither torch nor Lightning. The
-registry lives in :mod:`modforge.registry`; built-in components are registered
-by :func:`modforge.registry.load_builtins`.
+registry lives in :mod:`modforge.registry` (the ground floor); the built-in
+components and the installed plugins are loaded by :func:`modforge.builtins.load_all`.
 """
 from modforge.registry import ConfigError, ModforgeError, build, get, register  # noqa: F401
 

@@ -65,6 +65,21 @@ def test_a_reloaded_checkpoint_reports_the_metrics_of_the_run_that_trained_it(tm
     assert again["val/bpc"] == pytest.approx(m["val"]["val/bpc"], rel=1e-6)
 
 
+def test_a_checkpoint_from_before_the_data_facts_still_loads(tmp_path):
+    """Checkpoints written before the data facts carried only the tokenizer state (labels in its meta)."""
+    cfg = compose(tiny_overrides(steps=1) + ["data.max_chars=20000", "sample=false", "eval_at_start=false"])
+    m = run(cfg, tmp_path)
+    ckpt = torch.load(m["checkpoint"], weights_only=False)
+    facts = ckpt["hyper_parameters"].pop("data_facts")
+    ckpt["hyper_parameters"]["tokenizer_state"] = {**facts["tokenizer"], "meta": {"labels": ["a", "b"]}}
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    task = load_checkpoint(str(old))
+    assert task.facts.labels == ["a", "b"] and task.facts.tokens_per_char is None  # unknown: no val/bpc, never a wrong one
+    assert task.facts.positions == 64 and task.context_len == 64
+    assert task.tokenizer.encode("def") == load_checkpoint(m["checkpoint"]).tokenizer.encode("def")
+
+
 def count_training_steps(monkeypatch) -> list:
     """Record every training_step call of the causal_lm task (a resumed run must only take the remaining ones)."""
     from modforge import registry
