@@ -29,12 +29,13 @@ def load_builtins() -> None:
         return
     with registry.provider(registry.BUILTIN):
         # Each kind is declared under its base class, in the module of its variants; the order of these
-        # imports is the order of the kinds (in `modforge.list`, and of the groups in config.yaml).
+        # imports is the order of the kinds (in `modforge.list`, config.yaml and metrics.json).
         from modforge.models import architectures  # noqa: F401  model
-        from modforge.tasks import base, classify, lm, seq2seq  # noqa: F401  task
-        from modforge.data import base as _, classify as _c, lm as _l, parallel, seq2seq as _s  # noqa: F401  data
-        from modforge.data import tokenizers  # noqa: F401  tokenizer (nested: data.tokenizer)
+        from modforge.tasks import base  # noqa: F401  task
+        from modforge.data import tokenizers, base as _  # noqa: F401  tokenizer (nested: data.tokenizer), data
         from modforge.components import norms, residual, ffn, activations, positions, attention  # noqa: F401
+        from modforge.tasks import classify, lm, seq2seq  # noqa: F401  the tasks
+        from modforge.data import classify as _c, lm as _l, parallel, seq2seq as _s  # noqa: F401  the data sets
         from modforge import optim, trainer_schema  # noqa: F401  optim, scheduler; the trainer group's schema
     _builtins_loaded = True
 

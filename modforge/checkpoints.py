@@ -52,6 +52,6 @@ def _facts_of_old_checkpoint(hp: dict) -> dict:
     model_len = make_config("model", hp["run_cfg"]["model"])[1].max_len
     try:
         positions = getattr(make_config("data", hp["run_cfg"]["data"])[1], "positions", None) or model_len
-    except ConfigError:  # e.g. its data plugin is not installed here
+    except (ConfigError, KeyError):  # e.g. its data plugin is not installed here
         positions = model_len
     return {"tokenizer": state, "positions": positions, "tokens_per_char": None, "labels": meta.get("labels")}

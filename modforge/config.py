@@ -32,11 +32,16 @@ def check_overrides(args: Iterable[str]) -> None:
     except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
         return
     kinds = set(registry.group_kinds())
+    nested = {k: registry.kind(k).nested_in for k in registry.kinds() if not registry.kind(k).top_level}
     for ov in overrides:
         key = ov.key_or_group.lstrip("+~")
         if ov.is_delete() or ov.package:
             continue
         head, _, sub = key.partition(".")
+        if head in nested:
+            raise registry.ConfigError(
+                f"{ov.input_line}: {head} is not a config group of its own; choose it with "
+                f"{nested[head]}=NAME (options: {', '.join(registry.registry(head).names())})")
         if head == "trainer" and sub and "." not in sub and not key.startswith("trainer/"):
             check_trainer_key(sub)
             continue

@@ -4,8 +4,11 @@
                                         then the experiment and trainer options (YAML presets)
   python -m modforge.list norm ffn      only these kinds (or: experiment, trainer)
   python -m modforge.list norm rms      one component: its whole docstring and its parameters
+  python -m modforge.list experiment shakespeare_char   one preset: where it lives and its YAML
 """
+import importlib.resources
 import inspect
+from pathlib import Path
 from typing import Optional
 
 from modforge import registry
@@ -35,16 +38,38 @@ def render_kind(kind: str) -> list[str]:
     return lines
 
 
-def preset_options(group: str) -> list[str]:
-    """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
+def _hydra_loader():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from modforge.config import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        options = GlobalHydra.instance().config_loader().get_group_options(group)
+        return GlobalHydra.instance().config_loader()
+
+
+def preset_options(group: str) -> list[str]:
+    """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
+    options = _hydra_loader().get_group_options(group)
     return [o for o in options if o != "lightning"]  # trainer/lightning is the schema the presets inherit
+
+
+def render_preset(group: str, name: str) -> str:
+    """One preset: who provides it, where it lives, and its YAML as written (comments included)."""
+    options = preset_options(group)
+    if name not in options:
+        raise registry.ConfigError(f"Unknown {group} '{name}'.{registry.suggest(name, options)} "
+                                   f"Available {group} options: {', '.join(options)}.")
+    found = _hydra_loader().repository.load_config(f"{group}/{name}")
+    where = found.path
+    if where.startswith("file://"):
+        path = Path(where[len("file://"):]) / group / f"{name}.yaml"
+        text = path.read_text(encoding="utf-8")
+    else:  # pkg://package.conf
+        path = f"{where}/{group}/{name}.yaml"
+        text = importlib.resources.files(where[len("pkg://"):]).joinpath(f"{group}/{name}.yaml").read_text("utf-8")
+    provider = "modforge" if found.provider == "main" else found.provider
+    return f"{group} {name}  [{provider}]  {path}\n\n{text.rstrip()}"
 
 
 def render_presets(group: str) -> list[str]:
@@ -77,8 +102,8 @@ def render(kinds: Optional[list] = None) -> str:
 
 def list_command(argv: list) -> None:
     load_all()
-    if len(argv) == 2 and argv[0] not in PRESET_GROUPS and argv[1] not in [*registry.kinds(), *PRESET_GROUPS]:
-        print(render_one(*argv))
+    if len(argv) == 2 and argv[1] not in [*registry.kinds(), *PRESET_GROUPS]:
+        print(render_preset(*argv) if argv[0] in PRESET_GROUPS else render_one(*argv))
         return
     for a in argv:
         if a not in PRESET_GROUPS:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
@@ -108,6 +109,7 @@ class Kind:
     default: Optional[str] = None  # the option chosen when the config names none (None: chosen by another group)
     nested_in: Optional[str] = None  # e.g. "ffn.activation": selected through that key, not a top-level group
     part: bool = False  # models are built from it (a field of models.blocks.Parts)
+    provider: str = BUILTIN  # who declared it (a plugin's kinds go when the plugin fails to load)
 
     @property
     def top_level(self) -> bool:
@@ -117,11 +119,9 @@ class Kind:
 class Registry:
     """All components of one kind."""
 
-    def __init__(self, kind: "Kind | str", doc: str = ""):
-        kind = kind if isinstance(kind, Kind) else Kind(kind, doc)
+    def __init__(self, kind: Kind):
         self.decl = kind
         self.kind = kind.name
-        self.doc = kind.doc
         self._entries: dict[str, list[Entry]] = {}
 
     @property
@@ -195,16 +195,22 @@ def declare(name: str, doc: str, *, base: Optional[type] = None, default: Option
     (a top-level kind's default enters the primary config's defaults list).
     ``nested_in``: the config key that selects it (``"ffn.activation"``) for a
     kind that is not a top-level config group. ``part``: models are built from
-    it. Declaring the same kind again with the same settings is a no-op.
+    it, so it needs a ``default``. Declaring the same kind again with the same
+    settings is a no-op.
     """
-    kind = Kind(name, doc, base, default, nested_in, part)
+    prov = _provider_stack[-1] if _provider_stack else sys._getframe(1).f_globals.get("__name__", "?")
+    kind = Kind(name, doc, base, default, nested_in, part, prov)
     old = _REGISTRIES.get(name)
     if old is not None:
-        if old.decl != kind:
-            raise ModforgeError(f"kind '{name}' is declared twice, differently: {old.decl} and {kind}")
+        if (old.decl.doc, old.decl.base, old.decl.default, old.decl.nested_in, old.decl.part) != \
+                (doc, base, default, nested_in, part):
+            raise ModforgeError(f"kind '{name}' is declared twice, differently: by {old.decl.provider} and by {prov}")
         return old.decl
     if not name.replace("_", "").isalnum() or name != name.lower():
         raise ModforgeError(f"kind name {name!r}: use a short lower-case identifier (letters, digits, _)")
+    if part and not default:
+        raise ModforgeError(f"kind '{name}': a part kind (part=True) needs a default option, which models get "
+                            "when a config names none")
     _REGISTRIES[name] = Registry(kind)
     if kind.top_level and kind.default:
         _store_defaults_in_hydra()
@@ -234,9 +240,11 @@ def registry(kind: str) -> Registry:
     try:
         return _REGISTRIES[kind]
     except KeyError:
+        close = suggest(kind, kinds())
+        hint = "" if close else (" (kinds are declared when their modules are imported; modforge.builtins.load_all() "
+                                 "declares every built-in kind)")
         raise UnknownComponentError(
-            f"Unknown component kind '{kind}'.{suggest(kind, kinds())} Kinds: {', '.join(kinds()) or 'none declared'}"
-            " (kinds are declared when modforge's built-ins load: modforge.builtins.load_builtins())."
+            f"Unknown component kind '{kind}'.{close} Kinds: {', '.join(kinds()) or 'none declared'}{hint}."
         ) from None
 
 
@@ -394,7 +402,7 @@ def resolve(kind: str, cfg: Any) -> Any:
 
 
 def record_failure(label: str, error: str) -> None:
-    """A plugin failed to import: remember it (for error messages) and forget what it registered."""
+    """A plugin failed to import: remember it (for error messages) and forget what it declared and registered."""
     _FAILED[label] = error
     forget_provider(label)
 
@@ -417,6 +425,20 @@ def forget_provider(label: str) -> None:
                 del reg._entries[name]
                 _drop_from_hydra(reg.kind, name)
     _CONFIG_DIRS[:] = [(p, d) for p, d in _CONFIG_DIRS if p != label]
+    dropped = [k for k, reg in _REGISTRIES.items() if reg.decl.provider == label]
+    for k in dropped:
+        forget_kind(k)
+
+
+def forget_kind(name: str) -> None:
+    """Remove a declared kind, its components and its config group (a failed plugin's, a test's)."""
+    del _REGISTRIES[name]
+    try:
+        from hydra.core.config_store import ConfigStore
+    except ImportError:
+        return
+    ConfigStore.instance().repo.pop(name, None)
+    _store_defaults_in_hydra()
 
 
 def _drop_from_hydra(kind: str, name: str) -> None:

@@ -127,9 +127,10 @@ def test_every_combination_trains_one_step(arch):
     for combo in (c for c in COMBINATIONS if c[0] == arch):
         parts = dict(zip(PART_KINDS, combo[1:]))
         m = make(arch, **parts).train()
-        with torch.no_grad():  # off the init's symmetries (zero biases make a ReLU FFN scale-equivariant, so a
-            for p in m.parameters():  # scale-invariant norm after it would get an exactly zero gradient)
-                p.add_(0.01 * torch.randn_like(p))
+        with torch.no_grad():  # biases off their zero init: with zero biases a ReLU FFN is scale-equivariant, so a
+            for p in m.parameters():  # scale-invariant norm before it (the plugin's ScaleNorm, Post-LN) gets an
+                if not p.any():  # exactly zero gradient; every other parameter keeps its initialisation
+                    p.add_(0.01 * torch.randn_like(p))
         if m.needs_source:
             logits = m(x, x[:, :6], mask, mask[:, :6])
             target = x[:, 1:7]

@@ -152,6 +152,39 @@ print("RESULT " + json.dumps(res))
         assert kind == "UnknownComponentError" and "halfway-plugin 0.1" in msg and "second half broke" in msg
 
 
+def test_plugin_declaring_a_kind_then_failing_leaves_no_kind_behind(tmp_path):
+    """A plugin may declare a kind of its own; if its import then fails, the kind, its options and its default
+    go with it, and every run composes as before."""
+    make_dist(tmp_path, "mixer-plugin", "0.2", "mixer_mod", """
+import torch
+from modforge import register
+from modforge.registry import declare
+
+
+class Mixer(torch.nn.Module):
+    pass
+
+
+declare("mixer", "token mixing", base=Mixer, default="identity", part=True)
+
+
+@register("mixer", "identity")
+class Identity(Mixer):
+    def __init__(self, cfg, d_model):
+        super().__init__()
+
+
+raise RuntimeError('mixer broke after declaring')
+""")
+    res = run_python(PROLOGUE + """
+res = {"kinds": registry.kinds(), "parts": registry.part_kinds(), "builtins_ok": build_tiny("norm=rms"),
+       "failed": registry.failed_plugins()}
+print("RESULT " + json.dumps(res))
+""", tmp_path)
+    assert "mixer" not in res["kinds"] and "mixer" not in res["parts"]
+    assert res["builtins_ok"] and "mixer broke after declaring" in res["failed"]["mixer-plugin 0.2"]
+
+
 def test_colliding_plugin_names_are_an_error_only_when_used(tmp_path):
     make_dist(tmp_path, "alpha-norms", "0.1.0", "alpha_norms", norm_plugin("twin", "alphaonly"))
     make_dist(tmp_path, "beta-norms", "0.2.0", "beta_norms", norm_plugin("twin"))

@@ -52,7 +52,7 @@ def test_duplicate_registration_names_both_providers():
 
 
 def test_plugin_collisions_are_ambiguous_only_when_used():
-    reg = registry.Registry("norm")
+    reg = registry.Registry(registry.Kind("norm", "a registry of its own"))
     for prov in ("pkg-a 1.0", "pkg-b 2.0"):
         with registry.provider(prov):
             reg.add(registry.Entry("norm", "fancy", type(prov, (), {}), registry._EmptyConfig, prov),

@@ -19,10 +19,10 @@ from modforge.data.tokenizers import BOS, EOS, PAD, Tokenizer, make_tokenizer
 from modforge.registry import ConfigError
 
 
-def hold_out(rows: Sequence, fraction: float, seed: int, what: str) -> tuple[list, list]:
+def hold_out(rows: Sequence, fraction: float, seed: int, what: str, unit: str = "example") -> tuple[list, list]:
     """(train, val): a seeded random ``fraction`` of ``rows`` (at least one, never all) held out, order kept."""
     if len(rows) < 2:
-        raise ConfigError(f"{what}: {len(rows)} example(s); need at least 2 to hold some out for validation.")
+        raise ConfigError(f"{what}: {len(rows)} {unit}(s); need at least 2 to hold some out for validation.")
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     n_val = min(len(rows) - 1, max(1, round(len(rows) * fraction)))
@@ -82,7 +82,7 @@ class ExamplesData(DataModule):
         texts = self.texts(train)
         tok = tokenizer or fit_tokenizer(tok, lambda: texts, {"examples": text_sha(texts)}, cache_root(c.cache_dir))
         self.train_set, self.val_set, extra = self.encode(train, val, tok)
-        return DataFacts(tok, positions=c.max_len, **extra)
+        return DataFacts(tok, positions=c.positions, **extra)
 
     def _loader(self, examples: list, train: bool) -> DataLoader:
         c = self.cfg

@@ -130,7 +130,7 @@ class TextLMData(DataModule):
             )
         self.train_tokens, self.val_tokens = cache.train, cache.val
         stats = {**cache.stats, "token_cache": str(cache.directory)}
-        return DataFacts(tok, positions=c.block_size, tokens_per_char=stats["val_tokens_per_char"], stats=stats)
+        return DataFacts(tok, positions=c.positions, tokens_per_char=stats["val_tokens_per_char"], stats=stats)
 
     def train_dataloader(self) -> DataLoader:
         b = self.cfg.block_size

@@ -110,7 +110,7 @@ class ParallelData(ExamplesData):
             return pairs, read_tsv_pairs(c.val_path, "data.val_path")
         if c.val_src_path:
             return pairs, read_aligned(c.val_src_path, c.val_tgt_path, "data.val_src_path", "data.val_tgt_path")
-        return hold_out(pairs, c.val_fraction, c.seed, "data=parallel")
+        return hold_out(pairs, c.val_fraction, c.seed, "data=parallel", unit="pair")
 
     def texts(self, rows: list) -> list[str]:
         return [t for pair in rows for t in pair]  # one vocabulary for both sides

@@ -9,15 +9,17 @@ tokenizer and metrics (:func:`modforge.checkpoints.load_checkpoint`).
 """
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
-from modforge.data.base import DataFacts
 from modforge.models.blocks import Parts
 from modforge.registry import build, declare
+
+if TYPE_CHECKING:  # only a type here; importing it would declare the data kinds before this one
+    from modforge.data.base import DataFacts
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Task(L.LightningModule):
     (logging ``val/loss``), and may override :meth:`summary_sample`.
     """
 
-    def __init__(self, cfg: Any, run_cfg: dict, facts: DataFacts):
+    def __init__(self, cfg: Any, run_cfg: dict, facts: "DataFacts"):
         super().__init__()
         self.save_hyperparameters({"run_cfg": run_cfg, "data_facts": facts.state()})
         self.cfg = cfg
@@ -42,7 +44,7 @@ class Task(L.LightningModule):
         self.model = build("model", run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size)
         self.tokens_seen = 0
         # the longest context the model was trained on: the data's sequence length, capped by model.max_len
-        self.context_len = min(facts.positions or self.model.cfg.max_len, self.model.cfg.max_len)
+        self.context_len = min(facts.positions, self.model.cfg.max_len)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self):

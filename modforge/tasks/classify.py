@@ -11,15 +11,17 @@ checkpoint, so a checkpoint alone rebuilds the head and names its predictions. R
 ``val/loss`` and ``val/acc`` (accuracy over all validation examples).
 """
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modforge.data.base import DataFacts
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import Task, TaskConfig
+
+if TYPE_CHECKING:
+    from modforge.data.base import DataFacts
 
 
 def pool_cls(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -50,7 +52,7 @@ class ClassifyConfig(TaskConfig):
 class Classify(Task):
     """Text classification with an encoder and a CLS or mean-pooled linear head; reports accuracy."""
 
-    def __init__(self, cfg: ClassifyConfig, run_cfg: dict, facts: DataFacts):
+    def __init__(self, cfg: ClassifyConfig, run_cfg: dict, facts: "DataFacts"):
         super().__init__(cfg, run_cfg, facts)
         self.labels: list[str] = list(facts.labels or [])
         if len(self.labels) < 1:
