@@ -70,8 +70,20 @@ def write_text(path: Path, text: str) -> None:
         fh.write(text)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj))
+def write_json(path: Path, obj: Any, indent: Optional[int] = None) -> None:
+    """Strict JSON, atomically: a non-finite number (NaN, inf) is written as null (the record says why)."""
+    write_text(path, json.dumps(finite(obj), indent=indent, allow_nan=False) + ("\n" if indent else ""))
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def read_json(path: Path) -> Optional[dict]:

@@ -1,62 +1,118 @@
-"""Summarise a sweep: ``python -m modforge.report <multirun dir> [metric=val/loss] [over=seed] [sort=best] [best=min|max]``.
+"""Summarise a sweep: ``python -m modforge.report <sweep dir> [key=value ...]``.
 
-Reads every job's ``metrics.json`` and ``.hydra/overrides.yaml`` under the
-directory, groups the jobs by their overrides leaving out the ``over`` keys
-(by default ``seed``, so repeats of one configuration are pooled), and prints
-a Markdown table with one row per configuration: the overrides that vary
-across the sweep, the number of runs, how many of them ended non-finite
-(diverged, NaN), and the mean, standard deviation (n-1), minimum and maximum
-of ``metric`` over the finite ones. Rows are sorted best first: lower is
-better for losses (a metric named ``*loss*``, ``*bpc*``, ``*ppl*``), higher
-for anything else (accuracy, exact match), or as ``best=`` says; rows with a
-non-finite run come last. Overrides shared by every job are printed once
-above the table. Jobs without ``metrics.json`` (failed or still running) are
-counted and named.
+  metric=val/loss        the metric to compare (any key of metrics.json's "val"); an unknown one lists those that exist
+  over=seed              keys whose runs are pooled into one configuration (comma-separated; empty: every job a row)
+  best=min|max           which direction is better (default: min for a metric named like a loss, bpc or ppl)
+  sort=best|name         row order: best first (default) or by the overrides
+  baseline=best          the configuration every other is compared with: best (default), first (first by name),
+                         or its overrides, e.g. baseline=norm=layer,residual=pre
+  level=0.95             confidence level of every interval
+  format=md|csv|json     what is printed (default md)
+  out=DIR                also write DIR/report.md, report.csv, report.json and the plots (PNG and SVG; plots need
+                         the optional extra: pip install 'modforge[report]')
+
+Every job directory under the sweep directory (one with ``.hydra/overrides.yaml``)
+counts: ``finished`` (a ``metrics.json``), ``diverged`` (a non-finite validation
+metric), ``failed`` (a ``status.json`` that says so, with its error), ``unfinished``
+(neither: still running, or killed) and ``unreadable`` (a record that does not
+parse). Jobs are grouped by their overrides without the ``over`` keys; each
+group is one configuration and one row: its finished runs, the mean of the
+metric with a Student-t interval over seeds, sd, min and max, and the
+difference of its mean from the baseline's with an interval, paired over seeds
+when both configurations ran the same seeds, Welch's otherwise. With three or
+more configurations the comparisons with the baseline are a family: their
+p-values are adjusted with Holm's step-down method, and a row is called
+distinguishable only when its adjusted p is below 1 - level. A second table
+gives the cost of each configuration: parameters (all, and without embeddings),
+tokens/s, wall time, tokens seen and the training compute estimate 6·N·D.
+Jobs of different tasks are reported in separate tables, never mixed.
 """
+import csv
+import io
 import json
 import math
 import re
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import yaml
 
+from modforge import stats
 from modforge.cli import command
 from modforge.registry import ModforgeError
 
-USAGE = ("usage: python -m modforge.report <multirun dir> [metric=val/loss] [over=seed[,other]] [sort=best|name] "
-         "[best=min|max]")
-OPTIONS = ("metric", "over", "sort", "best")
+OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
+STATUSES = ("finished", "diverged", "failed", "unfinished", "unreadable")
 
 
 class ReportError(ModforgeError):
     pass
 
 
-def load_jobs(root: Path) -> tuple[list[dict], list[Path]]:
-    """[{overrides: {key: value}, metrics: {...}, dir: Path}], and the job directories with no metrics.json."""
-    jobs, unfinished = [], []
+@dataclass
+class Job:
+    dir: Path
+    name: str  # path under the sweep directory
+    overrides: dict
+    status: str
+    metrics: Optional[dict] = None
+    task: str = "?"
+    error: Optional[str] = None
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_jobs(root: Path) -> list[Job]:
+    """Every job under ``root``, whatever its status."""
+    jobs = []
     for ov_file in sorted(root.rglob(".hydra/overrides.yaml")):
-        job = ov_file.parent.parent
+        d = ov_file.parent.parent
+        name = str(d.relative_to(root)) if d != root else d.name
         try:
-            overrides = dict(o.split("=", 1) for o in yaml.safe_load(ov_file.read_text()) or [] if "=" in o)
-            m = job / "metrics.json"
-            metrics = json.loads(m.read_text()) if m.exists() else None
+            listed = yaml.safe_load(ov_file.read_text(encoding="utf-8")) or []
+            overrides = dict(str(o).lstrip("+~").split("=", 1) for o in listed if "=" in str(o))
         except (OSError, ValueError, yaml.YAMLError) as e:
-            raise ReportError(f"{job}: unreadable job record ({type(e).__name__}: {e})") from None
-        if metrics is None:
-            unfinished.append(job)
-        else:
-            jobs.append({"overrides": overrides, "metrics": metrics, "dir": job})
-    return jobs, unfinished
+            jobs.append(Job(d, name, {}, "unreadable", error=f"{type(e).__name__}: {e}".splitlines()[0]))
+            continue
+        job = Job(d, name, overrides, "unfinished", task=_task_of(d))
+        try:
+            if (d / "metrics.json").exists():
+                job.metrics = _read_json(d / "metrics.json")
+                if not isinstance(job.metrics, dict) or not isinstance(job.metrics.get("val", {}), dict):
+                    raise ValueError("not a metrics record (expected an object with a 'val' object)")
+                job.task = (job.metrics.get("config") or {}).get("task") or job.task
+                finite = all(isinstance(v, (int, float)) and math.isfinite(v) for v in job.metrics.get("val", {}).values())
+                job.status = job.metrics.get("status") or ("finished" if finite else "diverged")
+                if not finite:
+                    job.status = "diverged"
+            elif (d / "status.json").exists():
+                record = _read_json(d / "status.json")
+                job.status, job.error = record.get("status", "failed"), record.get("error")
+        except (OSError, ValueError, AttributeError) as e:
+            job.status, job.metrics, job.error = "unreadable", None, f"{type(e).__name__}: {e}".splitlines()[0]
+        jobs.append(job)
+    return jobs
 
 
-def metric_value(metrics: dict, name: str) -> float:
-    """The metric as a float (NaN when missing, non-numeric or non-finite)."""
-    v = metrics.get("val", {}).get(name, metrics.get(name))
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else math.nan
+def _task_of(d: Path) -> str:
+    try:
+        cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text(encoding="utf-8")) or {}
+        return str((cfg.get("task") or {}).get("name") or "?")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return "?"
+
+
+def metric_value(metrics: Optional[dict], name: str) -> float:
+    """The metric as a float (NaN when missing, null or non-numeric)."""
+    if not metrics:
+        return math.nan
+    v = (metrics.get("val") or {}).get(name, metrics.get(name))
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else math.nan
 
 
 def natural(value: str) -> tuple:
@@ -64,58 +120,303 @@ def natural(value: str) -> tuple:
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", value))
 
 
-def summarise(jobs: list[dict], metric: str, over: tuple[str, ...], sort: str = "best",
-              best: str = "min") -> tuple[list[str], dict, list[list]]:
-    """(varying keys, shared overrides, rows); a row is [*values of the varying keys, n, non-finite, mean, sd, min, max]."""
-    keys = sorted({k for j in jobs for k in j["overrides"] if k not in over})
-    shared = {k: jobs[0]["overrides"].get(k) for k in keys
-              if len({j["overrides"].get(k) for j in jobs}) == 1}
-    varying = [k for k in keys if k not in shared]
-    groups: dict[tuple, list[float]] = {}
+@dataclass
+class Row:
+    label: tuple  # values of the varying keys
+    jobs: list
+    values: dict = field(default_factory=dict)  # {over-key values: metric} of the finished runs with a finite metric
+    interval: stats.Interval = field(default_factory=lambda: stats.Interval(math.nan))
+    diff: Optional[stats.Interval] = None  # self - baseline
+    p_holm: float = math.nan
+    is_baseline: bool = False
+
+    def count(self, status: str) -> int:
+        return sum(j.status == status for j in self.jobs)
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def sd(self) -> float:
+        v = list(self.values.values())
+        return statistics.stdev(v) if len(v) > 1 else math.nan
+
+    def mean_of(self, key: str) -> float:
+        xs = [j.metrics.get(key) for j in self.jobs if j.metrics and isinstance(j.metrics.get(key), (int, float))]
+        return sum(xs) / len(xs) if xs else math.nan
+
+    @property
+    def flops(self) -> float:
+        """6·N·D (Kaplan et al. 2020): N non-embedding parameters, D tokens seen."""
+        return 6 * self.mean_of("params_non_embedding") * self.mean_of("tokens_seen")
+
+
+@dataclass
+class Table:
+    task: str
+    metric: str
+    best: str
+    sort: str
+    level: float
+    varying: list
+    rows: list
+    baseline: Optional[Row]
+    family: int  # comparisons with the baseline that have an interval (Holm's family size)
+
+
+def group(jobs: list[Job], keys: list[str], over: tuple) -> list[Row]:
+    rows: dict[tuple, Row] = {}
     for j in jobs:
-        groups.setdefault(tuple(j["overrides"].get(k, "") for k in varying), []).append(metric_value(j["metrics"], metric))
-    rows = []
-    for key, vals in groups.items():
-        ok = [v for v in vals if not math.isnan(v)]
-        mean = statistics.fmean(ok) if ok else math.nan
-        sd = statistics.stdev(ok) if len(ok) > 1 else math.nan
-        rows.append([*key, len(vals), len(vals) - len(ok), mean, sd, min(ok, default=math.nan), max(ok, default=math.nan)])
-    if sort == "name":
-        rows.sort(key=lambda r: tuple(natural(str(v)) for v in r[: len(varying)]))
+        label = tuple(j.overrides.get(k, "") for k in keys)
+        rows.setdefault(label, Row(label, [])).jobs.append(j)
+    return list(rows.values())
+
+
+def shared_overrides(jobs: list[Job], over: tuple) -> tuple[dict, list]:
+    """(overrides every job shares, the keys that vary), over every job whatever its status."""
+    keys = sorted({k for j in jobs for k in j.overrides if k not in over}, key=natural)
+    shared = {k: jobs[0].overrides.get(k) for k in keys
+              if all(k in j.overrides for j in jobs) and len({j.overrides[k] for j in jobs}) == 1}
+    return shared, [k for k in keys if k not in shared]
+
+
+def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: str = "best", best: str = "min",
+              baseline: str = "best", level: float = 0.95, task: str = "?") -> Table:
+    rows = group(jobs, varying, over)
+    for r in rows:
+        for j in r.jobs:
+            if j.status == "finished":
+                v = metric_value(j.metrics, metric)
+                if not math.isnan(v):
+                    r.values[tuple(j.overrides.get(k, "") for k in over) or (j.name,)] = v
+        r.interval = stats.mean_interval(list(r.values.values()), level)
+    sign = 1 if best == "min" else -1
+
+    def quality(r: Row) -> tuple:  # rows with results first, then those with a diverged run, then the empty ones
+        return (r.n == 0, r.count("diverged") > 0, sign * r.interval.estimate if r.n else 0.0)
+
+    by_name = sorted(rows, key=lambda r: tuple(natural(str(v)) for v in r.label))
+    rows = by_name if sort == "name" else sorted(by_name, key=quality)
+    base = pick_baseline(rows, by_name, varying, baseline, quality, metric)
+    if base is not None:
+        base.is_baseline = True
+        for r in rows:
+            if r is not base and r.n and base.n:
+                r.diff = stats.difference(r.values, base.values, level)
+        compared = [r for r in rows if r.diff is not None and r.diff.kind]
+        for r, p in zip(compared, stats.holm([r.diff.p for r in compared])):
+            r.p_holm = p
     else:
-        sign = 1 if best == "min" else -1
-        rows.sort(key=lambda r: (r[-5] > 0 or math.isnan(r[-4]), sign * r[-4] if not math.isnan(r[-4]) else 0.0))
-    return varying, shared, rows
+        compared = []
+    return Table(task, metric, best, sort, level, varying, rows, base, len(compared))
 
 
-def markdown(varying: list[str], rows: list[list], metric: str) -> str:
+def pick_baseline(rows: list[Row], by_name: list[Row], varying: list, spec: str, quality, metric: str) -> Optional[Row]:
+    usable = [r for r in rows if r.n]
+    if not usable:
+        return None
+    if spec == "best":
+        return min(usable, key=quality)
+    if spec == "first":
+        return next(r for r in by_name if r.n)
+    want = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
+    bad = [k for k in want if k not in varying]
+    if bad or not want:
+        raise ReportError(f"baseline={spec}: name the baseline by the overrides that vary in this sweep "
+                          f"({', '.join(varying) or 'none vary'}), e.g. baseline={varying[0] if varying else 'k'}=..., "
+                          "or use baseline=best or baseline=first")
+    found = [r for r in rows if all(dict(zip(varying, r.label)).get(k) == v for k, v in want.items())]
+    if len(found) != 1:
+        options = "; ".join(",".join(f"{k}={v}" for k, v in zip(varying, r.label)) for r in rows)
+        raise ReportError(f"baseline={spec}: matches {len(found)} configurations; it must match one of: {options}")
+    if not found[0].n:
+        raise ReportError(f"baseline={spec}: that configuration has no finished run with a finite {metric}")
+    return found[0]
+
+
+# --------------------------------------------------------------------------- output
+
+def fmt(x: float, digits: int = 4) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def fmt_count(x: float, scientific: bool = False) -> str:
+    if x is None or math.isnan(x):
+        return ""
+    return f"{x:.3g}" if scientific else f"{x:,.0f}"
+
+
+def verdict(t: Table, r: Row) -> str:
+    if r.is_baseline:
+        return "baseline"
+    if r.diff is None or not r.diff.kind:
+        return "n < 2: no interval" if r.n else ""
+    p = r.p_holm if t.family >= 2 else r.diff.p
+    alpha = 1 - t.level
+    word = "better" if (r.diff.estimate < 0) == (t.best == "min") else "worse"
+    tested = f"{r.diff.kind}, {'Holm ' if t.family >= 2 else ''}p={p:.3g}"
+    if r.diff.excludes_zero and p < alpha:
+        return f"{word} ({tested})"
+    return f"not distinguishable at n={r.n} ({tested})"
+
+
+def other_statuses(r: Row) -> str:
+    parts = [f"{r.count(s)} {s}" for s in STATUSES[1:] if r.count(s)]
+    no_metric = sum(j.status == "finished" for j in r.jobs) - r.n
+    if no_metric:
+        parts.append(f"{no_metric} without the metric")
+    return ", ".join(parts)
+
+
+def answer_rows(t: Table) -> tuple[list, list]:
+    pct = f"{t.level:.0%}"
+    head = [*t.varying, "runs", f"{t.metric} mean", f"{pct} CI", "sd", "min", "max",
+            "Δ vs baseline", f"Δ {pct} CI", "verdict", "not counted"]
+    body = []
+    for r in t.rows:
+        vals = list(r.values.values())
+        ci = f"[{fmt(r.interval.low)}, {fmt(r.interval.high)}]" if r.interval.kind else ""
+        d = r.diff
+        body.append([*r.label, r.n, fmt(r.interval.estimate), ci, fmt(r.sd), fmt(min(vals) if vals else math.nan),
+                     fmt(max(vals) if vals else math.nan),
+                     fmt(d.estimate) if d else ("0" if r.is_baseline else ""),
+                     f"[{fmt(d.low)}, {fmt(d.high)}]" if d and d.kind else "", verdict(t, r), other_statuses(r)])
+    return head, body
+
+
+def cost_rows(t: Table) -> tuple[list, list]:
+    head = [*t.varying, "params", "non-embedding", "tokens/s", "wall s", "tokens seen", "≈ FLOPs (6ND)"]
+    body = [[*r.label, fmt_count(r.mean_of("params")), fmt_count(r.mean_of("params_non_embedding")),
+             fmt_count(r.mean_of("tokens_per_sec")), fmt(r.mean_of("wall_seconds"), 1),
+             fmt_count(r.mean_of("tokens_seen")), fmt_count(r.flops, scientific=True)] for r in t.rows]
+    return head, body
+
+
+def markdown_table(head: list, body: list) -> str:
     def cell(x) -> str:
-        if isinstance(x, float):
-            return "" if math.isnan(x) else f"{x:.4f}"
         return str(x).replace("|", "\\|")
 
-    head = [*varying, "runs", "non-finite", f"{metric} mean", "sd", "min", "max"]
     lines = ["| " + " | ".join(cell(h) for h in head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in body]
     return "\n".join(lines)
 
 
+def describe(t: Table, over: tuple) -> str:
+    order = "by name" if t.sort == "name" else f"best first ({'lower' if t.best == 'min' else 'higher'} is better)"
+    base = ",".join(f"{k}={v}" for k, v in zip(t.varying, t.baseline.label)) if t.baseline else "none"
+    holm = (f"; the {t.family} comparisons with the baseline are Holm-adjusted" if t.family >= 2 else "")
+    return (f"task {t.task}, metric {t.metric}, {order}; runs pooled over {', '.join(over) or 'nothing'}; "
+            f"intervals are {t.level:.0%} Student-t; baseline {base or '(the only configuration)'}{holm}")
+
+
+def to_markdown(tables: list[Table], shared: dict, counts: dict, over: tuple, problems: list[Job]) -> str:
+    out = []
+    if shared:
+        out.append("shared: " + " ".join(f"{k}={v}" for k, v in shared.items()))
+    out.append("jobs: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s)))
+    for t in tables:
+        out += ["", describe(t, over), "", markdown_table(*answer_rows(t)), "", markdown_table(*cost_rows(t))]
+    if problems:
+        out.append("")
+        out += [f"{j.status}: {j.name}" + (f" ({j.error})" if j.error else "") for j in problems]
+    return "\n".join(out)
+
+
+def to_records(tables: list[Table]) -> list[dict]:
+    recs = []
+    for t in tables:
+        for r in t.rows:
+            d = r.diff
+            rec = {"task": t.task, "metric": t.metric, **dict(zip(t.varying, r.label)), "runs": r.n,
+                   **{s: r.count(s) for s in STATUSES[1:]},
+                   "mean": r.interval.estimate, "ci_low": r.interval.low, "ci_high": r.interval.high, "sd": r.sd,
+                   "min": min(r.values.values(), default=math.nan), "max": max(r.values.values(), default=math.nan),
+                   "baseline": r.is_baseline, "diff": d.estimate if d else math.nan,
+                   "diff_ci_low": d.low if d else math.nan, "diff_ci_high": d.high if d else math.nan,
+                   "test": d.kind if d else "", "p": d.p if d else math.nan, "p_holm": r.p_holm,
+                   "verdict": verdict(t, r),
+                   "params": r.mean_of("params"), "params_non_embedding": r.mean_of("params_non_embedding"),
+                   "tokens_per_sec": r.mean_of("tokens_per_sec"), "wall_seconds": r.mean_of("wall_seconds"),
+                   "tokens_seen": r.mean_of("tokens_seen"), "flops_6nd": r.flops,
+                   "values": {",".join(k): v for k, v in r.values.items()}}
+            recs.append(rec)
+    return recs
+
+
+def to_csv(tables: list[Table]) -> str:
+    recs = [{k: v for k, v in r.items() if k != "values"} for r in to_records(tables)]
+    fields = list(dict.fromkeys(k for r in recs for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for r in recs:
+        w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def to_json(tables: list[Table], shared: dict, counts: dict, jobs: list[Job]) -> str:
+    from modforge.io import finite
+
+    doc = {"shared": shared, "jobs": counts, "rows": to_records(tables),
+           "problems": [{"job": j.name, "status": j.status, "error": j.error} for j in jobs
+                        if j.status not in ("finished",)]}
+    return json.dumps(finite(doc), indent=2, allow_nan=False) + "\n"
+
+
+# --------------------------------------------------------------------------- command
+
 def parse_args(argv: list[str]) -> dict:
     if not argv or argv[0].split("=", 1)[0] in OPTIONS:
-        raise ReportError(f"name the sweep directory first. {USAGE}")
-    args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None}
+        raise ReportError("name the sweep directory first: python -m modforge.report <sweep dir> [key=value ...] "
+                          "(python -m modforge.report --help)")
+    args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
+            "level": "0.95", "format": "md", "out": None}
     for a in argv[1:]:
         key, eq, value = a.partition("=")
         if not eq or key not in OPTIONS:
-            raise ReportError(f"unknown argument '{a}'. {USAGE}")
+            from modforge.registry import suggest
+
+            raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
         args[key] = value
-    if args["sort"] not in ("best", "name"):
-        raise ReportError(f"sort={args['sort']}: use sort=best or sort=name")
+    for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json"))):
+        if args[key] not in allowed:
+            raise ReportError(f"{key}={args[key]}: use {' or '.join(f'{key}={v}' for v in allowed)}")
     if args["best"] is None:
         args["best"] = "min" if any(w in args["metric"].lower() for w in LOWER_IS_BETTER) else "max"
     if args["best"] not in ("min", "max"):
         raise ReportError(f"best={args['best']}: use best=min (lower is better) or best=max")
+    try:
+        level = float(args["level"])
+    except ValueError:
+        level = math.nan
+    if not 0.5 <= level < 1:
+        raise ReportError(f"level={args['level']}: a confidence level in [0.5, 1), e.g. level=0.95")
+    args["level"] = level
     return args
+
+
+def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
+    over = tuple(k for k in a["over"].split(",") if k)
+    shared, varying = shared_overrides(jobs, over)
+    tasks = sorted({j.task for j in jobs if j.status != "unreadable"})
+    tables = []
+    for task in tasks:
+        mine = [j for j in jobs if j.task == task and j.status != "unreadable"]
+        if not any(not math.isnan(metric_value(j.metrics, a["metric"])) for j in mine) and \
+                not any(j.status == "finished" and a["metric"] in (j.metrics or {}).get("val", {}) for j in mine):
+            continue
+        tables.append(summarise(mine, a["metric"], over, varying, a["sort"], a["best"], a["baseline"], a["level"], task))
+    if not tables:
+        have = sorted({k for j in jobs if j.metrics for k in (j.metrics.get("val") or {})})
+        if not have:
+            raise ReportError("no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)"
+                              + "".join(f"; {j.status}: {j.name} ({j.error})" for j in jobs if j.error)[:600])
+        from modforge.registry import suggest
+
+        raise ReportError(f"metric={a['metric']}: no job reports it.{suggest(a['metric'], have)} "
+                          f"Metrics that exist: {', '.join(have)}.")
+    return tables, shared
 
 
 def report_command(argv: list) -> None:
@@ -123,18 +424,35 @@ def report_command(argv: list) -> None:
     root = Path(a["dir"])
     if not root.is_dir():
         raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")
-    jobs, unfinished = load_jobs(root)
+    jobs = load_jobs(root)
     if not jobs:
-        raise ReportError(f"{root}: no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)")
+        raise ReportError(f"{root}: no jobs (no .hydra/overrides.yaml below it)")
+    tables, shared = build_tables(jobs, a)
     over = tuple(k for k in a["over"].split(",") if k)
-    varying, shared, rows = summarise(jobs, a["metric"], over, a["sort"], a["best"])
-    if shared:
-        print("shared: " + " ".join(f"{k}={v}" for k, v in shared.items()))
-    order = "by name" if a["sort"] == "name" else f"best first ({'lower' if a['best'] == 'min' else 'higher'} is better)"
-    print(f"{len(jobs)} finished jobs, grouped over {', '.join(over) or 'nothing'}, {order}\n")
-    print(markdown(varying, rows, a["metric"]))
-    if unfinished:
-        print(f"\n{len(unfinished)} unfinished (no metrics.json): " + ", ".join(str(p.relative_to(root)) for p in unfinished))
+    counts = {s: sum(j.status == s for j in jobs) for s in STATUSES}
+    problems = [j for j in jobs if j.status in ("failed", "unfinished", "unreadable", "diverged")]
+    text = {"md": lambda: to_markdown(tables, shared, counts, over, problems), "csv": lambda: to_csv(tables),
+            "json": lambda: to_json(tables, shared, counts, jobs)}
+    print(text[a["format"]]().rstrip("\n"))
+    if a["out"]:
+        out = Path(a["out"])
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ReportError(f"out={out}: cannot create it ({e.strerror})") from None
+        from modforge.io import write_text
+
+        write_text(out / "report.md", text["md"]() + "\n")
+        write_text(out / "report.csv", text["csv"]())
+        write_text(out / "report.json", text["json"]())
+        written = ["report.md", "report.csv", "report.json"]
+        try:
+            from modforge import plots
+        except ImportError as e:
+            print(f"\nwrote {', '.join(written)} to {out}; no plots: {e}")
+            return
+        written += plots.write_all(tables, out)
+        print(f"\nwrote {', '.join(written)} to {out}")
 
 
 def main(argv: Optional[list] = None) -> None:

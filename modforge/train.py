@@ -5,7 +5,6 @@ line, let Hydra compose, then build data, task and Trainer and fit. Any
 :class:`~modforge.registry.ModforgeError` is printed as one line, with no traceback.
 """
 import contextlib
-import json
 import math
 import os
 import sys
@@ -57,7 +56,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from lightning.pytorch.loggers import CSVLogger
 
     from modforge.callbacks import AtomicCheckpointIO, TrainTimer
-    from modforge.io import write_text
+    from torch import nn
+
+    from modforge.io import write_json, write_text
 
     t_start = time.perf_counter()
     load_all()
@@ -74,6 +75,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     entry, task_cfg = registry.make_config("task", cfg.task)
     task = entry.cls(task_cfg, plain, facts)
     n_params = sum(p.numel() for p in task.model.parameters())
+    # Kaplan et al.'s N: without token and learned position embeddings (a tied output head counts once, there)
+    n_embedding = sum(p.numel() for p in {p for m in task.model.modules() if isinstance(m, nn.Embedding)
+                                           for p in m.parameters()})
 
     timer = TrainTimer()
     ckpt = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss", mode="min",
@@ -91,11 +95,14 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     fit_seconds = time.perf_counter() - t_fit
     final = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
 
+    diverged = not all(math.isfinite(v) for v in final.values())
     metrics = {
+        "status": "diverged" if diverged else "finished",  # diverged: a non-finite validation metric (written null)
         "val": final,
         "val_loss_at_start": start_loss,
         **{k: v for k, v in facts.stats.items() if k == "unigram_val_loss"},
         "params": n_params,
+        "params_non_embedding": n_params - n_embedding,
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
         "tokens_seen": task.tokens_seen * trainer.world_size,  # every rank sees its own shard
@@ -110,7 +117,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.sample and trainer.is_global_zero:
         metrics["sample"] = task.summary_sample()
     if trainer.is_global_zero:
-        write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        write_json(out_dir / "metrics.json", metrics, indent=2)
         print_summary(metrics, out_dir)
     return metrics
 
@@ -192,6 +199,21 @@ def sweep_job():
         os.environ.update(env)
 
 
+@contextlib.contextmanager
+def failure_recorded(out_dir: Path):
+    """A run that raises leaves ``status.json`` (``failed`` and the one-line error) beside its other records, so
+    a sweep's report counts it as failed, not as still running; the exception then goes on as before."""
+    try:
+        yield
+    except BaseException as e:
+        from modforge.io import write_json
+
+        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        with contextlib.suppress(OSError):
+            write_json(out_dir / "status.json", {"status": reason, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        raise
+
+
 def main(argv: Optional[list] = None) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -203,8 +225,9 @@ def main(argv: Optional[list] = None) -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:
-        with one_line_errors(), sweep_job():
-            m = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        with one_line_errors(), sweep_job(), failure_recorded(out_dir):
+            m = run(cfg, out_dir)
         loss = m["val"].get("val/loss")
         return loss if loss is not None and math.isfinite(loss) else None  # for Hydra sweepers
 

@@ -333,3 +333,29 @@ def test_train_help_lists_the_config_groups_and_no_nested_kind():
     groups = p.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert "norm: batch" in groups and "experiment:" in groups
     assert "activation:" not in groups and "tokenizer:" not in groups  # chosen through ffn.activation, data.tokenizer
+
+
+def test_a_diverged_run_is_recorded_as_such_in_strict_json(tmp_path, monkeypatch):
+    from modforge import registry
+
+    load_all()
+    cls = registry.get("task", "causal_lm").cls
+    monkeypatch.setattr(cls, "validation_step", lambda self, b, i: self.log("val/loss", float("nan")))
+    run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false"]), tmp_path)
+
+    def no_nan(token):
+        raise ValueError(f"{token} is not JSON")
+
+    m = json.loads((tmp_path / "metrics.json").read_text(), parse_constant=no_nan)
+    assert m["status"] == "diverged" and m["val"]["val/loss"] is None
+    assert 0 < m["params_non_embedding"] < m["params"]
+
+
+def test_a_failing_run_leaves_its_status_and_error(tmp_path):
+    from modforge.registry import ConfigError
+    from modforge.train import failure_recorded
+
+    with pytest.raises(ConfigError), failure_recorded(tmp_path):
+        raise ConfigError("model.max_len=8 is shorter than the data\nsecond line")
+    assert json.loads((tmp_path / "status.json").read_text()) == {
+        "status": "failed", "error": "ConfigError: model.max_len=8 is shorter than the data"}

@@ -1,0 +1,120 @@
+"""The report's pictures (optional extra ``report``: matplotlib): validation curves and the final metric.
+
+* ``<metric>_curves``: the metric against the training step for every configuration,
+  from each job's ``logs/metrics.csv``; the line is the mean over the seeds that
+  reached that step, the band its Student-t interval (at the report's level) where
+  two or more seeds did.
+* ``<metric>_final``: each configuration's mean with its interval, best first,
+  the baseline marked.
+
+Both are written as PNG and SVG.
+"""
+import csv
+import math
+import re
+from pathlib import Path
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+except ImportError as e:  # the report still prints and writes its tables
+    raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
+
+from modforge import stats
+
+
+def read_curve(job_dir: Path, metric: str) -> dict[int, float]:
+    """{step: value} of ``metric`` in a job's CSV log (the last value logged at a step wins)."""
+    path = job_dir / "logs" / "metrics.csv"
+    out: dict[int, float] = {}
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                v, step = row.get(metric), row.get("step")
+                if v not in (None, "") and step not in (None, ""):
+                    out[int(float(step))] = float(v)
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def label_of(t, r) -> str:
+    return ", ".join(f"{k}={v}" for k, v in zip(t.varying, r.label)) or "all runs"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def curves(t, out: Path, prefix: str) -> list[str]:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    drawn = 0
+    styles = ["-", "--", "-.", ":"]  # overlapping curves stay visible
+    for r in t.rows:
+        runs = [read_curve(j.dir, t.metric) for j in r.jobs if j.status in ("finished", "diverged")]
+        runs = [c for c in runs if c]
+        if not runs:
+            continue
+        steps = sorted({s for c in runs for s in c})
+        mean, low, high = [], [], []
+        for s in steps:
+            vals = [c[s] for c in runs if s in c and math.isfinite(c[s])]
+            iv = stats.mean_interval(vals, t.level)
+            mean.append(iv.estimate)
+            low.append(iv.low if iv.kind else iv.estimate)
+            high.append(iv.high if iv.kind else iv.estimate)
+        line, = ax.plot(steps, mean, marker="o", markersize=3, linewidth=1.5, linestyle=styles[drawn % len(styles)],
+                        label=f"{label_of(t, r)} (n={len(runs)})" + (" [baseline]" if r.is_baseline else ""))
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return []
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"{t.metric}" + (" (nats/token)" if t.metric.endswith("loss") else ""))
+    ax.set_title(f"{t.task}: {t.metric} during training, mean over seeds, {t.level:.0%} t-interval band")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out, f"{prefix}curves")
+
+
+def final(t, out: Path, prefix: str) -> list[str]:
+    rows = [r for r in t.rows if r.n]
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(rows) + 1.6), dpi=120)
+    ys = list(range(len(rows)))[::-1]  # best first, at the top
+    for y, r in zip(ys, rows):
+        iv = r.interval
+        err = [[iv.estimate - iv.low], [iv.high - iv.estimate]] if iv.kind else None
+        ax.errorbar([iv.estimate], [y], xerr=err, fmt="o", capsize=4, color="black" if r.is_baseline else "C0")
+        ax.plot(list(r.values.values()), [y] * r.n, "x", color="grey", alpha=0.7, markersize=5)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([label_of(t, r) + (" [baseline]" if r.is_baseline else "") + f"  n={r.n}" for r in rows],
+                       fontsize=8)
+    better = "lower" if t.best == "min" else "higher"
+    ax.set_xlabel(f"final {t.metric} ({better} is better): mean with {t.level:.0%} t-interval; x = single runs")
+    ax.set_title(f"{t.task}: final {t.metric}, best first")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, out, f"{prefix}final")
+
+
+def _save(fig, out: Path, stem: str) -> list[str]:
+    names = []
+    for ext in ("png", "svg"):
+        name = f"{stem}.{ext}"
+        fig.savefig(out / name, bbox_inches="tight")
+        names.append(name)
+    plt.close(fig)
+    return names
+
+
+def write_all(tables: list, out: Path) -> list[str]:
+    written = []
+    for t in tables:
+        prefix = (slug(f"{t.task}_{t.metric}") if len(tables) > 1 else slug(t.metric)) + "_"
+        written += curves(t, out, prefix) + final(t, out, prefix)
+    return written
