@@ -359,3 +359,18 @@ def test_a_failing_run_leaves_its_status_and_error(tmp_path):
         raise ConfigError("model.max_len=8 is shorter than the data\nsecond line")
     assert json.loads((tmp_path / "status.json").read_text()) == {
         "status": "failed", "error": "ConfigError: model.max_len=8 is shorter than the data"}
+
+
+@pytest.mark.slow
+def test_a_study_with_its_own_grid_runs_in_one_command_and_reports(tmp_path):
+    """experiment=norm_quick carries hydra.sweeper.params: -m alone runs its grid (one seed here, tiny)."""
+    cmd = [sys.executable, "-m", "modforge.train", "-m", "experiment=norm_quick", "hydra.sweeper.params.seed=1",
+           "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=3",
+           "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "data.max_chars=20000",
+           "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path / 'study'}"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "modforge.report", str(tmp_path / "study"), "format=json"],
+                       capture_output=True, text=True, timeout=120)
+    rows = json.loads(r.stdout)["rows"]
+    assert sorted(row["norm"] for row in rows) == ["batch", "layer", "rms"] and all(row["runs"] == 1 for row in rows)
