@@ -3,7 +3,13 @@
 Every checkpoint carries the resolved run config and the data facts
 (tokenizer, positions, tokens per character, labels) as hyper-parameters, so
 :func:`load_checkpoint` needs nothing else: no data, no config files.
+
+Loading never executes code: every load is ``torch.load(..., weights_only=True)``,
+which unpickles tensors and plain containers only, and what modforge stores in
+a checkpoint is exactly that (checked by a test). A file that holds anything
+else (a pickled object whose loading would run code) is refused in one line.
 """
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +29,39 @@ def find_checkpoint(key: str, value: Any) -> Path:
     return path
 
 
-def load_checkpoint(path: str, map_location: str = "cpu"):
-    """Rebuild a task (model, tokenizer, data facts) from a checkpoint file alone, in eval mode."""
+def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu") -> dict:
+    """The checkpoint's contents, loaded with ``weights_only=True``; anything else is one ConfigError."""
+    import pickle
+
     import torch
 
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if not found:  # not a pickle torch can read at all: a truncated or foreign file
+            raise ConfigError(f"{key}={path}: not a readable checkpoint (torch cannot unpickle it)") from None
+        raise ConfigError(
+            f"{key}={path}: refused: the file holds a pickled Python object ({found.group(1)}) besides tensors and "
+            "plain data, and loading it could run code. modforge checkpoints never do; load only files you trust."
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"{key}={path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
+    hp = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    if not isinstance(hp, dict) or "run_cfg" not in hp or "state_dict" not in ckpt:
+        raise ConfigError(f"{key}={path}: not a modforge checkpoint (it has no run config and state dict)")
+    return ckpt
+
+
+def load_checkpoint(path: str, map_location: str = "cpu", key: str = "ckpt"):
+    """Rebuild a task (model, tokenizer, data facts) from a checkpoint file alone, in eval mode."""
     from modforge.builtins import load_all
     from modforge.data.base import DataFacts
     from modforge.registry import make_config
 
     load_all()  # built-ins and plugins: the checkpoint names its components
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    ckpt = read_checkpoint(path, key, map_location)
     hp = ckpt["hyper_parameters"]
     facts = DataFacts.from_state(hp["data_facts"] if "data_facts" in hp else _facts_of_old_checkpoint(hp))
     entry, task_cfg = make_config("task", hp["run_cfg"]["task"])

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.builtins import load_all
-from modforge.checkpoints import find_checkpoint
+from modforge.checkpoints import find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
 from modforge.config import CONF_DIR, check_overrides, check_trainer_key, to_plain
 
@@ -64,6 +64,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     load_all()
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
+    if resume:
+        read_checkpoint(resume, "resume")  # weights only: a file that would run code is refused, in one line
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
@@ -91,7 +93,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.eval_at_start and not resume:
         start_loss = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
     t_fit = time.perf_counter()
-    trainer.fit(task, datamodule=dm, ckpt_path=resume)
+    trainer.fit(task, datamodule=dm, ckpt_path=resume, weights_only=True)
     fit_seconds = time.perf_counter() - t_fit
     final = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
 
