@@ -1,9 +1,11 @@
 """Config plumbing shared by the entry points: where the YAML lives, checking the
 command line against the registry, and composing in-process (tests, notebooks)."""
+import contextlib
 import dataclasses
 import hashlib
+import os
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -15,41 +17,92 @@ _SRC_CONF = Path(__file__).resolve().parent.parent / "conf"  # in a source check
 CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
 
 
-def check_overrides(args: Iterable[str]) -> None:
-    """Fail early, with suggestions, on unknown component names and keys in command-line overrides.
+ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,)}
+_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null"}
+PRESET_GROUPS = ("experiment", "trainer")
+
+
+@contextlib.contextmanager
+def hydra_loader() -> Iterator[Any]:
+    """Hydra's config loader over modforge's search path (plugins' YAML included), for the checks below."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    load_all()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader()
+
+
+def one_line(e: BaseException) -> str:
+    """Hydra's and OmegaConf's multi-line messages as one line (what they say, without their key dumps)."""
+    skip = ("full_key:", "object_type", "reference_type", "Set the environment variable", "Traceback", "See https://",
+            "None")
+    lines, seen = [], set()
+    while e is not None and id(e) not in seen:  # Hydra's message, then the OmegaConf error that caused it
+        seen.add(id(e))
+        lines += [ln.strip() for ln in str(e).splitlines()
+                  if ln.strip() and not ln.strip().startswith(skip) and "$VALUE" not in ln]
+        e = e.__cause__ or e.__context__
+    return "; ".join(list(dict.fromkeys(lines))[:2]) or "invalid configuration"
+
+
+def _parse(args: list, loader: Any = None) -> list:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create(config_loader=loader).parse_overrides(args)
+    except HydraException as e:
+        raise registry.ConfigError(f"not a valid override: {one_line(e)}") from None
+
+
+def check_overrides(args: Iterable[str], loader: Any = None) -> None:
+    """Fail early, with suggestions, on anything in the command line that cannot be right.
 
     ``norm=rmss`` -> "Unknown norm 'rmss'. Did you mean 'rms'? ..."; also inside
     sweeps (``norm=layer,rmss``). ``norm.epz=1`` -> the keys any norm accepts.
-    Everything else is left to Hydra.
+    ``experiment=shakespeare`` -> the experiments that exist. ``+modle=...``,
+    ``+logger=wandb`` -> no such key or group (nothing would read it).
+    ``seed=abc`` -> an integer. ``activation=silu`` -> chosen with ``ffn.activation=``.
+    Hydra's sweep syntax (``glob``, ``range``, ``choice``, intervals) passes; the
+    jobs it expands to are checked by :func:`preflight`.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     args = [a for a in args if "=" in a and not a.startswith("-")]
     if not args:
         return
-    try:
-        overrides = OverridesParser.create().parse_overrides(args)
-    except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
-        return
+    if loader is None:
+        with hydra_loader() as loader:
+            return check_overrides(args, loader)
     kinds = set(registry.group_kinds())
     nested = {k: registry.kind(k).nested_in for k in registry.kinds() if not registry.kind(k).top_level}
-    for ov in overrides:
+    for ov in _parse(args, loader):
         key = ov.key_or_group.lstrip("+~")
-        if ov.is_delete() or ov.package:
+        if ov.is_delete() or ov.package or key.startswith("hydra.") or key == "hydra":
             continue
         head, _, sub = key.partition(".")
+        values = _values(ov)
+        if key.startswith("hydra/") or (head in PRESET_GROUPS and not sub) or (
+                head not in kinds and head not in ROOT_KEYS and head != "trainer" and loader.get_group_options(key)):
+            _check_preset(key, values, loader)
+            continue
         if head in nested:
             raise registry.ConfigError(
                 f"{ov.input_line}: {head} is not a config group of its own; choose it with "
                 f"{nested[head]}=NAME (options: {', '.join(registry.registry(head).names())})")
-        if head == "trainer" and sub and "." not in sub and not key.startswith("trainer/"):
-            check_trainer_key(sub)
+        if head == "trainer":
+            if sub and "." not in sub:
+                check_trainer_key(sub)
+            continue
+        if head in ROOT_KEYS:
+            _check_root(ov.input_line, head, sub, values)
             continue
         if head not in kinds:
-            continue
+            known = sorted([*kinds, *ROOT_KEYS, *PRESET_GROUPS])
+            raise registry.ConfigError(
+                f"{ov.input_line}: '{head}' is not a key or group of modforge's config, so nothing would read it."
+                f"{registry.suggest(head, known)} Top-level keys and groups: {', '.join(known)}.")
         reg = registry.registry(head)
         if not sub:
-            values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
             for v in values:
                 if isinstance(v, str):
                     reg.get(v)
@@ -60,6 +113,82 @@ def check_overrides(args: Iterable[str]) -> None:
                     f"{key}: no {head} option has a key '{sub}'.{registry.suggest(sub, fields)} "
                     f"Keys of {head} options: {', '.join(fields)}."
                 )
+
+
+def _values(ov: Any) -> list:
+    """The values an override names (each of a sweep's); [] for a glob, whose names come from the group."""
+    from hydra.core.override_parser.types import Glob
+
+    if isinstance(ov.value(), Glob):
+        return []
+    try:
+        return list(ov.sweep_iterator()) if ov.is_sweep_override() else [ov.value()]
+    except Exception:  # noqa: BLE001 - an interval sweep has no list of values; Hydra's sweeper handles it
+        return []
+
+
+def _check_preset(group: str, values: list, loader: Any) -> None:
+    options = [o for o in loader.get_group_options(group) if o != "lightning"]
+    for v in values:
+        if v is not None and str(v) not in options:
+            raise registry.ConfigError(
+                f"Unknown {group} '{v}'.{registry.suggest(str(v), options)} Available {group} options: "
+                f"{', '.join(options) or 'none'}.")
+
+
+def _check_root(line: str, head: str, sub: str, values: list) -> None:
+    if sub:
+        raise registry.ConfigError(f"{line}: {head} is a value, it has no keys")
+    allowed = ROOT_KEYS[head]
+    for v in values:
+        if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
+            want = " or ".join(_TYPE_WORDS[t] for t in allowed)
+            raise registry.ConfigError(f"{line}: {head} must be {want}, not {v!r}")
+
+
+def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
+    """The overrides of each job the command runs: itself, or each job of the sweep (its command-line
+    sweeps and the grid an experiment carries in ``hydra.sweeper.params``), expanded as Hydra's sweeper does."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    args = [a for a in args if "=" in a and not a.startswith("-")]
+    if not multirun:
+        return [args]
+    parsed = _parse(args, loader)
+    fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
+    cfg = _compose(fixed, hydra=True)
+    grid = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
+    batches = BasicSweeper.split_arguments(_parse(grid + args, loader), None)
+    return [job for batch in batches for job in batch]
+
+
+def _compose(overrides: list, hydra: bool = False) -> DictConfig:
+    from hydra import compose as h_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    ctx = contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
+        initialize_config_dir(str(CONF_DIR), version_base="1.3")
+    with ctx:
+        try:
+            return h_compose("train", overrides=list(overrides), return_hydra_config=hydra)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise registry.ConfigError(one_line(e)) from None
+
+
+def check_output_dir(path: str, key: str) -> None:
+    """The run (or sweep) directory must be creatable: its nearest existing ancestor a writable directory."""
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise registry.ConfigError(f"{key}={path}: {probe} is a file, so no directory can be made under it")
+    if not os.access(probe, os.W_OK | os.X_OK) or str(probe).startswith(("/proc", "/sys")):
+        raise registry.ConfigError(f"{key}={path}: {probe} is not writable; choose another {key}")
 
 
 def check_trainer_key(key: str) -> None:
@@ -101,15 +230,12 @@ def to_plain(cfg: DictConfig) -> dict:
     return d
 
 
-def compose(overrides: Optional[list] = None, config_name: str = "train") -> DictConfig:
-    """Compose the run config in-process, as ``python -m modforge.train`` would (no output dir)."""
-    from hydra import compose as h_compose
-    from hydra import initialize_config_dir
-
+def compose(overrides: Optional[list] = None) -> DictConfig:
+    """Compose the run config in-process, as ``python -m modforge.train`` would (no output dir); every mistake
+    is a one-line ConfigError."""
     load_all()
     overrides = list(overrides or [])
     check_overrides(overrides)
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return h_compose(config_name, overrides=overrides, return_hydra_config=False)
+    return _compose(overrides)
 
 
