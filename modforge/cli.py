@@ -33,5 +33,11 @@ def command(doc: str, body: Callable[[list], None], argv: Optional[list] = None)
     if wants_help(argv):
         print(doc)
         return
-    with one_line_errors():
-        body(argv)
+    try:
+        with one_line_errors():
+            body(argv)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -53,7 +53,7 @@ def curves(t, out: Path, prefix: str) -> list[str]:
     drawn = 0
     styles = ["-", "--", "-.", ":"]  # overlapping curves stay visible
     for r in t.rows:
-        runs = [read_curve(j.dir, t.metric) for j in r.jobs if j.status in ("finished", "diverged")]
+        runs = [read_curve(j.dir, t.metric) for j in r.jobs if j.status == "finished"]
         runs = [c for c in runs if c]
         if not runs:
             continue
@@ -81,7 +81,9 @@ def curves(t, out: Path, prefix: str) -> list[str]:
 
 
 def final(t, out: Path, prefix: str) -> list[str]:
-    rows = [r for r in t.rows if r.n]
+    sign = 1 if t.best == "min" else -1
+    # best first whatever the table's order, rows with a diverged run after the others (as the table ranks them)
+    rows = sorted((r for r in t.rows if r.n), key=lambda r: (r.count("diverged") > 0, sign * r.interval.estimate))
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(rows) + 1.6), dpi=120)

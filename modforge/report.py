@@ -45,7 +45,7 @@ from modforge.registry import ModforgeError
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
-STATUSES = ("finished", "diverged", "failed", "unfinished", "unreadable")
+STATUSES = ("finished", "diverged", "failed", "interrupted", "unfinished", "unreadable")
 
 
 class ReportError(ModforgeError):
@@ -87,12 +87,12 @@ def load_jobs(root: Path) -> list[Job]:
                     raise ValueError("not a metrics record (expected an object with a 'val' object)")
                 job.task = (job.metrics.get("config") or {}).get("task") or job.task
                 finite = all(isinstance(v, (int, float)) and math.isfinite(v) for v in job.metrics.get("val", {}).values())
-                job.status = job.metrics.get("status") or ("finished" if finite else "diverged")
-                if not finite:
-                    job.status = "diverged"
+                job.status = "finished" if finite else "diverged"  # a null (non-finite) val metric: diverged
             elif (d / "status.json").exists():
                 record = _read_json(d / "status.json")
                 job.status, job.error = record.get("status", "failed"), record.get("error")
+                if job.status not in STATUSES:
+                    job.status = "failed"
         except (OSError, ValueError, AttributeError) as e:
             job.status, job.metrics, job.error = "unreadable", None, f"{type(e).__name__}: {e}".splitlines()[0]
         jobs.append(job)
@@ -162,7 +162,8 @@ class Table:
     varying: list
     rows: list
     baseline: Optional[Row]
-    family: int  # comparisons with the baseline that have an interval (Holm's family size)
+    family: int  # Holm's family size
+    family_of: str = ""  # what the family is
 
 
 def group(jobs: list[Job], keys: list[str], over: tuple) -> list[Row]:
@@ -173,11 +174,28 @@ def group(jobs: list[Job], keys: list[str], over: tuple) -> list[Row]:
     return list(rows.values())
 
 
-def shared_overrides(jobs: list[Job], over: tuple) -> tuple[dict, list]:
+def swept_keys(root: Path) -> set:
+    """Keys a sweep under ``root`` was asked to vary (its ``multirun.yaml``): varying even where the jobs that
+    would show it never started."""
+    keys: set = set()
+    for f in root.rglob("multirun.yaml"):
+        try:
+            h = (yaml.safe_load(f.read_text(encoding="utf-8")) or {}).get("hydra") or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        keys |= set(((h.get("sweeper") or {}).get("params") or {}))
+        for o in (h.get("overrides") or {}).get("task") or []:
+            k, _, v = str(o).partition("=")
+            if "," in v or re.match(r"\s*(glob|range|choice|interval)\(", v):
+                keys.add(k.lstrip("+~"))
+    return keys
+
+
+def shared_overrides(jobs: list[Job], over: tuple, swept: set = frozenset()) -> tuple[dict, list]:
     """(overrides every job shares, the keys that vary), over every job whatever its status."""
     keys = sorted({k for j in jobs for k in j.overrides if k not in over}, key=natural)
-    shared = {k: jobs[0].overrides.get(k) for k in keys
-              if all(k in j.overrides for j in jobs) and len({j.overrides[k] for j in jobs}) == 1}
+    shared = {k: jobs[0].overrides.get(k) for k in keys if k not in swept
+              and all(k in j.overrides for j in jobs) and len({j.overrides[k] for j in jobs}) == 1}
     return shared, [k for k in keys if k not in shared]
 
 
@@ -189,7 +207,14 @@ def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: st
             if j.status == "finished":
                 v = metric_value(j.metrics, metric)
                 if not math.isnan(v):
-                    r.values[tuple(j.overrides.get(k, "") for k in over) or (j.name,)] = v
+                    key = tuple(j.overrides.get(k, "") for k in over) or (j.name,)
+                    if key in r.values:
+                        other = next(o.name for o in r.jobs if o is not j and o.status == "finished" and
+                                     tuple(o.overrides.get(k, "") for k in over) == key)
+                        raise ReportError(
+                            f"two runs of one configuration with {', '.join(f'{k}={v}' for k, v in zip(over, key))}: "
+                            f"{other} and {j.name}; report one sweep at a time, or pool them with over=")
+                    r.values[key] = v
         r.interval = stats.mean_interval(list(r.values.values()), level)
     sign = 1 if best == "min" else -1
 
@@ -199,27 +224,40 @@ def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: st
     by_name = sorted(rows, key=lambda r: tuple(natural(str(v)) for v in r.label))
     rows = by_name if sort == "name" else sorted(by_name, key=quality)
     base = pick_baseline(rows, by_name, varying, baseline, quality, metric)
+    family, family_of = 0, ""
     if base is not None:
         base.is_baseline = True
         for r in rows:
             if r is not base and r.n and base.n:
                 r.diff = stats.difference(r.values, base.values, level)
         compared = [r for r in rows if r.diff is not None and r.diff.kind]
-        for r, p in zip(compared, stats.holm([r.diff.p for r in compared])):
-            r.p_holm = p
-    else:
-        compared = []
-    return Table(task, metric, best, sort, level, varying, rows, base, len(compared))
+        if baseline == "best":
+            # the baseline was chosen by the data (the winner): Holm over every pair of configurations, so the
+            # error rate holds for whichever pairs the selection makes us look at
+            usable = [r for r in rows if r.n >= 2]
+            pairs = [(a, b) for i, a in enumerate(usable) for b in usable[i + 1:]]
+            ps = [stats.difference(a.values, b.values, level) for a, b in pairs]
+            adjusted = stats.holm([d.p if d.kind else math.nan for d in ps])
+            lookup = {(id(a), id(b)): p for (a, b), p in zip(pairs, adjusted)}
+            for r in compared:
+                r.p_holm = lookup.get((id(r), id(base)), lookup.get((id(base), id(r)), math.nan))
+            family, family_of = sum(d.kind != "" for d in ps), "pairs of configurations (the baseline is the best, " \
+                                                                "chosen by the data)"
+        else:
+            for r, p in zip(compared, stats.holm([r.diff.p for r in compared])):
+                r.p_holm = p
+            family, family_of = len(compared), "comparisons with the baseline"
+    return Table(task, metric, best, sort, level, varying, rows, base, family, family_of)
 
 
 def pick_baseline(rows: list[Row], by_name: list[Row], varying: list, spec: str, quality, metric: str) -> Optional[Row]:
-    usable = [r for r in rows if r.n]
+    usable = [r for r in rows if r.n >= 2] or [r for r in rows if r.n]  # one with an interval, if any has one
     if not usable:
         return None
     if spec == "best":
         return min(usable, key=quality)
     if spec == "first":
-        return next(r for r in by_name if r.n)
+        return next(r for r in by_name if r in usable)
     want = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
     bad = [k for k in want if k not in varying]
     if bad or not want:
@@ -251,7 +289,9 @@ def verdict(t: Table, r: Row) -> str:
     if r.is_baseline:
         return "baseline"
     if r.diff is None or not r.diff.kind:
-        return "n < 2: no interval" if r.n else ""
+        if not r.n:
+            return ""
+        return f"baseline has n={t.baseline.n}: no interval" if t.baseline and t.baseline.n < 2 else f"n={r.n}: no interval"
     p = r.p_holm if t.family >= 2 else r.diff.p
     alpha = 1 - t.level
     word = "better" if (r.diff.estimate < 0) == (t.best == "min") else "worse"
@@ -305,7 +345,9 @@ def markdown_table(head: list, body: list) -> str:
 def describe(t: Table, over: tuple) -> str:
     order = "by name" if t.sort == "name" else f"best first ({'lower' if t.best == 'min' else 'higher'} is better)"
     base = ",".join(f"{k}={v}" for k, v in zip(t.varying, t.baseline.label)) if t.baseline else "none"
-    holm = (f"; the {t.family} comparisons with the baseline are Holm-adjusted" if t.family >= 2 else "")
+    holm = ""
+    if t.family >= 2:
+        holm = f"; verdicts use p-values Holm-adjusted over the {t.family} {t.family_of}; Δ intervals are per comparison"
     return (f"task {t.task}, metric {t.metric}, {order}; runs pooled over {', '.join(over) or 'nothing'}; "
             f"intervals are {t.level:.0%} Student-t; baseline {base or '(the only configuration)'}{holm}")
 
@@ -379,6 +421,7 @@ def parse_args(argv: list[str]) -> dict:
 
             raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
         args[key] = value
+    args["over_given"] = any(a.startswith("over=") for a in argv[1:])
     for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json"))):
         if args[key] not in allowed:
             raise ReportError(f"{key}={args[key]}: use {' or '.join(f'{key}={v}' for v in allowed)}")
@@ -398,13 +441,20 @@ def parse_args(argv: list[str]) -> dict:
 
 def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
     over = tuple(k for k in a["over"].split(",") if k)
-    shared, varying = shared_overrides(jobs, over)
+    if a["over_given"]:
+        have = sorted({k for j in jobs for k in j.overrides}, key=natural)
+        for k in over:
+            if k not in have:
+                from modforge.registry import suggest
+
+                raise ReportError(f"over={a['over']}: no job has the key '{k}'.{suggest(k, have)} "
+                                  f"Keys of the jobs: {', '.join(have) or 'none'}.")
+    shared, varying = shared_overrides(jobs, over, swept_keys(Path(a["dir"])))
     tasks = sorted({j.task for j in jobs if j.status != "unreadable"})
     tables = []
     for task in tasks:
         mine = [j for j in jobs if j.task == task and j.status != "unreadable"]
-        if not any(not math.isnan(metric_value(j.metrics, a["metric"])) for j in mine) and \
-                not any(j.status == "finished" and a["metric"] in (j.metrics or {}).get("val", {}) for j in mine):
+        if not any(a["metric"] in ((j.metrics or {}).get("val") or {}) for j in mine):
             continue
         tables.append(summarise(mine, a["metric"], over, varying, a["sort"], a["best"], a["baseline"], a["level"], task))
     if not tables:
@@ -430,7 +480,7 @@ def report_command(argv: list) -> None:
     tables, shared = build_tables(jobs, a)
     over = tuple(k for k in a["over"].split(",") if k)
     counts = {s: sum(j.status == s for j in jobs) for s in STATUSES}
-    problems = [j for j in jobs if j.status in ("failed", "unfinished", "unreadable", "diverged")]
+    problems = [j for j in jobs if j.status != "finished"]
     text = {"md": lambda: to_markdown(tables, shared, counts, over, problems), "csv": lambda: to_csv(tables),
             "json": lambda: to_json(tables, shared, counts, jobs)}
     print(text[a["format"]]().rstrip("\n"))

@@ -79,7 +79,10 @@ def t_ppf(q: float, df: float) -> float:
 
 
 def two_sided_p(t: float, df: float) -> float:
-    return 2.0 * (1.0 - t_cdf(abs(t), df))
+    """P(|T| >= |t|), computed from the tail directly (no 1 - x cancellation for tiny p)."""
+    if math.isinf(t):
+        return 0.0
+    return betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
 @dataclass

@@ -19,10 +19,13 @@ def fake_job(root, name, overrides, loss=None, task="causal_lm", status=None, cu
     (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"task": {"name": task}}))
     if loss is not None:
-        m = {"val": {"val/loss": loss, "val/acc": 1 - loss}, "steps": 10, "config": {"task": task},
+        finite = not math.isnan(loss)  # a diverged run writes null, as train.py does (strict JSON)
+        m = {"status": "finished" if finite else "diverged",
+             "val": {"val/loss": loss if finite else None, "val/acc": 1 - loss if finite else None},
+             "steps": 10, "config": {"task": task},
              "params": 1000, "params_non_embedding": 800, "tokens_seen": 5000, "tokens_per_sec": 100.0,
              "wall_seconds": 2.0, **(extra or {})}
-        (d / "metrics.json").write_text(json.dumps(m))
+        (d / "metrics.json").write_text(json.dumps(m, allow_nan=False))
     if status is not None:
         (d / "status.json").write_text(json.dumps(status))
     if curve is not None:
@@ -155,11 +158,12 @@ def test_csv_and_out_dir_write_every_format_and_real_plots(sweep, tmp_path, caps
         (log / "metrics.csv").write_text("step,val/loss\n" + "".join(f"{s},{3.0 - s / 100 - i / 10}\n" for s in (0, 50, 100)))
     report.main([str(sweep), "format=csv"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("task,metric,pos,runs,diverged,failed,unfinished,") and len(lines) == 6
+    assert lines[0].startswith("task,metric,pos,runs,diverged,failed,interrupted,unfinished,") and len(lines) == 6
     out = tmp_path / "rep"
     report.main([str(sweep), f"out={out}"])
     assert "wrote report.md, report.csv, report.json, val_loss_curves.png" in capsys.readouterr().out
-    assert json.loads((out / "report.json").read_text())["jobs"]["finished"] == 5  # strict JSON: NaN is null
+    strict = json.loads((out / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert strict["jobs"]["finished"] == 5
     for name in ("val_loss_curves", "val_loss_final"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / f"{name}.svg").stat().st_size > 1000
@@ -198,3 +202,88 @@ def test_a_corrupt_record_is_listed_and_the_rest_reported(sweep, capsys):
     report.main([str(sweep)])
     out = capsys.readouterr().out
     assert "1 unreadable" in out and "unreadable: 0_pos=learned,seed=1 (JSONDecodeError" in out and "| rope |" in out
+
+
+def test_holm_over_every_pair_when_the_baseline_is_the_best(tmp_path, capsys):
+    """baseline=best picks the winner from the data: the verdicts are Holm-adjusted over all pairs (3 here)."""
+    vals = {"a": [1.00, 1.02, 0.98], "b": [1.10, 1.13, 1.08], "c": [1.30, 1.20, 1.25]}
+    for cfg, xs in vals.items():
+        for seed, v in enumerate(xs, 1):
+            fake_job(tmp_path, f"{cfg}{seed}", [f"cfg={cfg}", f"seed={seed}"], v)
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path)}
+    assert rows["a"]["baseline"]
+    raw = {(x, y): ss.ttest_rel(vals[x], vals[y]).pvalue for x, y in (("a", "b"), ("a", "c"), ("b", "c"))}
+    order = sorted(raw, key=raw.get)
+    expected, running = {}, 0.0
+    for rank, pair in enumerate(order):
+        running = max(running, min(1.0, (3 - rank) * raw[pair]))
+        expected[pair] = running
+    assert rows["b"]["p_holm"] == pytest.approx(expected[("a", "b")])
+    assert rows["c"]["p_holm"] == pytest.approx(expected[("a", "c")])
+    report.main([str(tmp_path)])
+    assert "Holm-adjusted over the 3 pairs of configurations" in capsys.readouterr().out
+
+
+def test_a_baseline_with_an_interval_is_preferred_and_a_short_one_is_named(tmp_path, capsys):
+    fake_job(tmp_path, "a1", ["cfg=a", "seed=1"], 0.5)  # best, but n=1
+    for s in (1, 2):
+        fake_job(tmp_path, f"b{s}", ["cfg=b", f"seed={s}"], 1.0 + s / 100)
+        fake_job(tmp_path, f"c{s}", ["cfg=c", f"seed={s}"], 2.0 + s / 100)
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path)}
+    assert rows["b"]["baseline"] and rows["a"]["verdict"] == "n=1: no interval"
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
+    assert rows["b"]["verdict"] == "baseline has n=1: no interval"
+
+
+def test_interrupted_and_all_diverged_jobs_are_counted(tmp_path, capsys):
+    fake_job(tmp_path, "0", ["norm=layer", "seed=1"], float("nan"))
+    fake_job(tmp_path, "1", ["norm=rms", "seed=1"], status={"status": "interrupted", "error": "KeyboardInterrupt: "})
+    report.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "jobs: 1 diverged, 1 interrupted" in out and "| layer | 0 |" in out and "1 diverged" in out
+    assert "interrupted: 1 (KeyboardInterrupt: )" in out
+
+
+def test_two_runs_of_one_seed_are_refused_not_overwritten(tmp_path, capsys):
+    fake_job(tmp_path / "sweep1", "0", ["norm=layer", "seed=1"], 1.0)
+    fake_job(tmp_path / "sweep2", "0", ["norm=layer", "seed=1"], 2.0)
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "two runs of one configuration with seed=1: sweep1/0 and sweep2/0" in err
+
+
+def test_a_key_the_sweep_varies_is_never_shared_even_before_its_jobs_start(tmp_path, capsys):
+    fake_job(tmp_path, "0", ["norm=layer", "seed=1"], 1.0)  # killed before norm=rms started
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": {"task": ["norm=layer,rms", "seed=1"]}}}))
+    report.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "shared:" not in out and "| norm |" in out  # (seed is pooled over, so it is in neither)
+
+
+def test_an_over_key_no_job_has_is_a_typo(sweep, capsys):
+    with pytest.raises(SystemExit):
+        report.main([str(sweep), "over=sed"])
+    assert "over=sed: no job has the key 'sed'. Did you mean 'seed'?" in capsys.readouterr().err
+
+
+def test_the_final_chart_is_best_first_whatever_the_table_order(sweep, tmp_path, capsys):
+    from modforge import plots
+
+    report.main([str(sweep), "sort=name", f"out={tmp_path / 'r'}"])
+    capsys.readouterr()
+    captured = {}
+    real = plots._save
+
+    def spy(fig, out, stem):
+        ticks = fig.axes[0].get_yticklabels()
+        captured[stem] = [t.get_text() for t in sorted(ticks, key=lambda t: -t.get_position()[1])]  # top down
+        return real(fig, out, stem)
+
+    plots._save = spy
+    try:
+        report.main([str(sweep), "sort=name", f"out={tmp_path / 'r2'}"])
+    finally:
+        plots._save = real
+    labels = captured["val_loss_final"]
+    assert [label.split()[0] for label in labels] == ["pos=rope", "pos=learned", "pos=sinusoidal"]
