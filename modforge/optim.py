@@ -35,6 +35,14 @@ class AdamConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ConfigError(f"optim.lr={self.lr}: must be > 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas={list(self.betas)}: two numbers in [0, 1), e.g. [0.9, 0.999]")
+        if not self.eps > 0 or self.weight_decay < 0:
+            raise ConfigError(f"optim.eps={self.eps}, optim.weight_decay={self.weight_decay}: eps > 0, weight_decay >= 0")
+
 
 @dataclass
 class AdamWConfig(AdamConfig):

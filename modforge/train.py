@@ -18,16 +18,55 @@ from modforge import registry
 from modforge.builtins import load_all
 from modforge.checkpoints import find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
-from modforge.config import CONF_DIR, check_overrides, check_trainer_key, to_plain
+from modforge.config import CONF_DIR, ROOT_KEYS, check_overrides, check_trainer_key, to_plain
 
 
 def validate(cfg: DictConfig) -> None:
-    """Resolve every component group to its typed config now, before any work is done."""
+    """Everything that can be checked before any work: every component group resolved to its typed config
+    (values in range), task, model and data fitting together, the root keys' types, the Trainer's values."""
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
+    check_trainer_values(cfg.trainer)
+    for key, allowed in ROOT_KEYS.items():
+        v = cfg.get(key)
+        if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
+            raise registry.ConfigError(f"{key}={v}: must be " + " or ".join(t.__name__ for t in allowed))
+    if {"task", "model", "data"} <= set(typed):
+        from modforge.tasks.base import check_fit
+
+        check_fit(typed["task"][0], typed["model"][0], typed["data"][0])
     if "data" in typed and "model" in typed:
         (data_entry, data), (_, model) = typed["data"], typed["model"]
         check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")
+
+
+def check_trainer_values(t: Any) -> None:
+    """The Trainer values that Lightning or torch would only reject after data preparation, or never."""
+    def bad(key: str, why: str) -> None:
+        raise registry.ConfigError(f"trainer.{key}={t.get(key)}: {why}")
+
+    ms = t.get("max_steps")
+    if not isinstance(ms, int) or isinstance(ms, bool) or not (ms >= 1 or ms == -1):
+        bad("max_steps", "a positive number of optimizer steps (or -1: no limit, then set max_epochs)")
+    agb = t.get("accumulate_grad_batches")
+    if not isinstance(agb, int) or isinstance(agb, bool) or agb < 1:
+        bad("accumulate_grad_batches", "an integer >= 1")
+    vci = t.get("val_check_interval")
+    if vci is not None and (isinstance(vci, bool) or not isinstance(vci, (int, float)) or vci <= 0):
+        bad("val_check_interval", "a positive number of steps (int) or fraction of an epoch (float)")
+    lvb = t.get("limit_val_batches")
+    if lvb is not None and (isinstance(lvb, bool) or not isinstance(lvb, (int, float)) or lvb < 0):
+        bad("limit_val_batches", "a number >= 0")
+    clip = t.get("gradient_clip_val")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+        bad("gradient_clip_val", "a number >= 0 (or null: no clipping)")
+    acc = str(t.get("accelerator") or "auto")
+    if acc in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise registry.ConfigError(f"trainer.accelerator={acc}: no CUDA GPU is visible here "
+                                       "(torch.cuda.is_available() is False); use trainer=cpu")
 
 
 def check_positions(longest: Optional[int], max_len: int, what: str) -> None:
@@ -216,6 +255,39 @@ def failure_recorded(out_dir: Path):
         raise
 
 
+_HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc",
+                     "--version")
+
+
+def preflight(argv: list, multirun: bool) -> int:
+    """Check the command line, then compose and validate every job it runs (each of a sweep's) before the
+    first one starts; all invalid jobs are named at once. Returns the number of jobs."""
+    from modforge.config import _compose, check_output_dir, hydra_loader, job_overrides
+
+    with hydra_loader() as loader:
+        check_overrides(argv, loader)
+        jobs = job_overrides(argv, multirun, loader)
+        bad = []
+        for i, job in enumerate(jobs):
+            try:
+                cfg = _compose(job, hydra=(i == 0))
+                if i == 0:
+                    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+                    check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
+                validate(cfg)
+            except registry.ConfigError as e:
+                if i == 0 and "hydra." in str(e).split(":")[0]:
+                    raise
+                bad.append((i, job, e))
+    if len(jobs) == 1 and bad:
+        raise bad[0][2]
+    if bad:
+        varying = {o.split("=")[0] for j in jobs for o in j} - {o.split("=")[0] for o in set.intersection(*map(set, jobs))}
+        described = "; ".join(f"#{i} ({' '.join(o for o in job if o.split('=')[0] in varying)}): {e}" for i, job, e in bad)
+        raise registry.ConfigError(f"{len(bad)} of {len(jobs)} jobs are invalid, so the sweep does not start: {described}")
+    return len(jobs)
+
+
 def main(argv: Optional[list] = None) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -223,7 +295,8 @@ def main(argv: Optional[list] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with one_line_errors():
         load_all()
-        check_overrides(argv)
+        if not any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
+            preflight(argv, multirun=any(a in ("-m", "--multirun") for a in argv))
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:

@@ -38,13 +38,22 @@ class DataFacts:
                    state.get("labels"), dict(state.get("stats") or {}))
 
 
+TOKENS = "a token stream"  # batches (x, y): windows of one token sequence
+PAIRS = "source/target pairs"  # batches {src, src_mask, tgt_in, tgt_out, tgt_mask}
+LABELS = "labelled examples"  # batches {src, src_mask, label}
+
+
 class DataModule(L.LightningDataModule):
     """Base class of kind ``data``: built as ``cls(cfg)``; :meth:`prepare` -> :class:`DataFacts`, then the
     Lightning dataloaders (``train_dataloader``, ``val_dataloader``).
 
-    Subclasses implement :meth:`prepare_facts`; :meth:`prepare` runs it once
-    and keeps the result in ``self.facts``.
+    ``provides`` says what its batches are (:data:`TOKENS`, :data:`PAIRS`,
+    :data:`LABELS`, or a new word a plugin's task asks for), so a task can
+    refuse data it cannot train on before any work. Subclasses implement
+    :meth:`prepare_facts`; :meth:`prepare` runs it once and keeps the result in ``self.facts``.
     """
+
+    provides: str = ""
 
     def __init__(self, cfg: Any):
         super().__init__()

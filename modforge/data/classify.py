@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
+from modforge.data.base import LABELS
 from modforge.data.corpus import existing_file
 from modforge.data.examples import ExamplesData, collate_labeled, hold_out
 from modforge.data.tokenizers import BOS, TokenizedDataConfig, Tokenizer
@@ -128,6 +129,7 @@ class ClassifyData(ExamplesData):
     """Labelled text from CSV or JSONL (text, label) for sequence classification (task=classify)."""
 
     collate = staticmethod(collate_labeled)
+    provides = LABELS
 
     def read(self) -> tuple[list, list]:
         c = self.cfg

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from modforge.data.base import DataFacts, DataModule
+from modforge.data.base import TOKENS, DataFacts, DataModule
 from modforge.data.cache import cache_root, corpus_info, fit_tokenizer, token_cache
 from modforge.data.corpus import CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, expand_paths, window
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer, rechunk
@@ -93,6 +93,8 @@ class TextDataConfig(TokenizedDataConfig):
 class TextLMData(DataModule):
     """Base for corpora of plain text; subclasses implement :meth:`corpus` (a stream, for large
     corpora) or just :meth:`read_text` (the whole text as one string)."""
+
+    provides = TOKENS
 
     def __init__(self, cfg: TextDataConfig):
         super().__init__(cfg)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from modforge.data.corpus import existing_file
+from modforge.data.base import PAIRS
 from modforge.data.examples import ExamplesData, collate_pairs, hold_out
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer
 from modforge.registry import ConfigError, register
@@ -101,6 +102,7 @@ class ParallelData(ExamplesData):
     """Parallel text (TSV, or two aligned files) for encoder-decoder models; padding masks on both sides."""
 
     collate = staticmethod(collate_pairs)
+    provides = PAIRS
 
     def read(self) -> tuple[list, list]:
         c = self.cfg

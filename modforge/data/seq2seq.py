@@ -14,7 +14,7 @@ from typing import Optional
 
 from torch.utils.data import DataLoader, Dataset
 
-from modforge.data.base import DataFacts, DataModule
+from modforge.data.base import PAIRS, DataFacts, DataModule
 from modforge.data.examples import collate_pairs
 from modforge.data.tokenizers import CharTokenizer, Tokenizer
 from modforge.registry import ConfigError, register
@@ -37,6 +37,9 @@ class SyntheticConfig:
     def __post_init__(self):
         if not 1 <= self.min_len <= self.max_len:
             raise ConfigError(f"data.min_len={self.min_len}, data.max_len={self.max_len}: need 1 <= min_len <= max_len")
+        for key in ("n_train", "n_val", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key}={getattr(self, key)}: must be >= 1")
 
 
 class Pairs(Dataset):
@@ -57,6 +60,8 @@ class Pairs(Dataset):
 
 class SyntheticSeq2Seq(DataModule):
     """Base for generated digit-string tasks; subclasses define :meth:`target`."""
+
+    provides = PAIRS
 
     @staticmethod
     def target(src: str) -> str:

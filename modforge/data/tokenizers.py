@@ -352,6 +352,8 @@ class TokenizedDataConfig:
             raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
         if self.batch_size < 1:
             raise ConfigError(f"data.batch_size={self.batch_size}: must be >= 1")
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers={self.num_workers}: must be >= 0 (0: load in the main process)")
 
 
 # data-config key -> tokenizer-config field it is passed to

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from modforge.models.blocks import Parts
-from modforge.registry import build, declare
+from modforge.registry import ConfigError, build, declare
 
 if TYPE_CHECKING:  # only a type here; importing it would declare the data kinds before this one
     from modforge.data.base import DataFacts
@@ -26,13 +26,26 @@ if TYPE_CHECKING:  # only a type here; importing it would declare the data kinds
 class TaskConfig:
     label_smoothing: float = 0.0
 
+    def __post_init__(self):
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"task.label_smoothing={self.label_smoothing}: must be in [0, 1)")
+
 
 class Task(L.LightningModule):
     """Base class of kind ``task``: model, optimizer/scheduler from the registry, token counting, loss.
 
     Subclasses implement Lightning's ``training_step`` and ``validation_step``
-    (logging ``val/loss``), and may override :meth:`summary_sample`.
+    (logging ``val/loss``), and may override :meth:`summary_sample`. They
+    declare what they need, as capabilities, never by name: ``model_needs``
+    (capability attributes of :class:`~modforge.models.architectures.Model` and
+    their required values, described by ``model_role``) and ``data_needs`` (what
+    the data's batches are: ``DataModule.provides``). :func:`check_fit` refuses
+    a model or data that does not fit before any work.
     """
+
+    model_needs: dict = {}
+    model_role: str = "any model"
+    data_needs: str = ""
 
     def __init__(self, cfg: Any, run_cfg: dict, facts: "DataFacts"):
         super().__init__()
@@ -72,6 +85,22 @@ class Task(L.LightningModule):
     def summary_sample(self) -> Optional[str]:
         """A short human-readable sample for the end-of-run summary (None: nothing to show)."""
         return None
+
+
+def check_fit(task: Any, model: Any, data: Any) -> None:
+    """One line if the task's needs are not what the model and the data provide (entries of the registry)."""
+    from modforge.registry import registry
+
+    t = task.cls
+    if any(getattr(model.cls, k, None) != v for k, v in t.model_needs.items()):
+        fit = [e.name for e in registry("model").entries()
+               if all(getattr(e.cls, k, None) == v for k, v in t.model_needs.items())]
+        raise ConfigError(f"task={task.name} trains {t.model_role}; model={model.name} is not one. "
+                          f"Models that fit: {', '.join(fit) or 'none installed'}.")
+    if t.data_needs and getattr(data.cls, "provides", "") != t.data_needs:
+        fit = [e.name for e in registry("data").entries() if getattr(e.cls, "provides", "") == t.data_needs]
+        raise ConfigError(f"task={task.name} needs data of {t.data_needs}; data={data.name} gives "
+                          f"{getattr(data.cls, 'provides', '') or 'something else'}. Data that fit: {', '.join(fit)}.")
 
 
 declare("task", "training objective (a LightningModule) and its default data (chosen by the model unless given)",

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modforge.data.base import LABELS
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import Task, TaskConfig
 
@@ -42,6 +43,7 @@ class ClassifyConfig(TaskConfig):
     head_dropout: float = 0.0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.pooling not in POOLING:
             raise ConfigError(f"task.pooling={self.pooling}: use one of {', '.join(POOLING)}")
         if not 0.0 <= self.head_dropout < 1.0:
@@ -52,15 +54,16 @@ class ClassifyConfig(TaskConfig):
 class Classify(Task):
     """Text classification with an encoder and a CLS or mean-pooled linear head; reports accuracy."""
 
+    model_needs = {"has_encoder": True}
+    model_role = "a model with an encoder"
+    data_needs = LABELS
+
     def __init__(self, cfg: ClassifyConfig, run_cfg: dict, facts: "DataFacts"):
         super().__init__(cfg, run_cfg, facts)
         self.labels: list[str] = list(facts.labels or [])
         if len(self.labels) < 1:
             raise ConfigError("task=classify: the data gave no label names; use it with labelled data "
                               "(data=classify data.path=<csv or jsonl>)")
-        if not self.model.has_encoder:
-            raise ConfigError(f"task=classify needs a model with an encoder (model=encoder_only); "
-                              f"model={run_cfg['model'].get('name')} has none")
         self.pool = POOLING[cfg.pooling]
         self.head = nn.Sequential(nn.Dropout(cfg.head_dropout), nn.Linear(self.model.cfg.d_model, len(self.labels)))
 

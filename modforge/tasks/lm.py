@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import torch
 
+from modforge.data.base import TOKENS
 from modforge.decoding import generate
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import Task, TaskConfig, bits
@@ -19,6 +20,10 @@ class CausalLMConfig(TaskConfig):
 @register("task", "causal_lm", config=CausalLMConfig, defaults={"data": "stdlib"})
 class CausalLM(Task):
     """Next-token prediction with teacher forcing; reports val loss and bits per character."""
+
+    model_needs = {"can_generate": True, "needs_source": False}
+    model_role = "a causal decoder (next-token prediction must not see its targets)"
+    data_needs = TOKENS
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -59,6 +64,7 @@ class MaskedLMConfig(TaskConfig):
     replace_random: float = 0.1  # replaced by a random token (the rest stay unchanged)
 
     def __post_init__(self):
+        super().__post_init__()
         if not 0.0 < self.mask_prob < 1.0:
             raise ConfigError(f"task.mask_prob={self.mask_prob}: must be in (0, 1)")
         if self.replace_mask + self.replace_random > 1.0:
@@ -68,6 +74,10 @@ class MaskedLMConfig(TaskConfig):
 @register("task", "masked_lm", config=MaskedLMConfig, defaults={"data": "stdlib"})
 class MaskedLM(Task):
     """BERT-style masked language modelling (15% of tokens; 80/10/10 replacement); reports masked accuracy."""
+
+    model_needs = {"has_encoder": True, "needs_source": False}
+    model_role = "a bidirectional encoder"
+    data_needs = TOKENS
 
     def corrupt(self, x: torch.Tensor, generator=None):
         """-> (inputs, targets): targets are <pad> (ignored) except at the selected positions."""

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import torch
 
+from modforge.data.base import PAIRS
 from modforge.decoding import Stepper, beam_search, decode
 from modforge.registry import register
 from modforge.tasks.base import Task, TaskConfig
@@ -19,6 +20,10 @@ class Seq2SeqConfig(TaskConfig):
 @register("task", "seq2seq", config=Seq2SeqConfig, defaults={"data": "reverse"})
 class Seq2Seq(Task):
     """Encoder-decoder training with teacher forcing; reports token accuracy and greedy exact match."""
+
+    model_needs = {"needs_source": True}
+    model_role = "an encoder-decoder (a decoder conditioned on an encoded source)"
+    data_needs = PAIRS
 
     def _forward(self, b):
         return self.model(b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
