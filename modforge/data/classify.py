@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from modforge.data.base import LABELS
-from modforge.data.corpus import existing_file
+from modforge.data.corpus import existing_file, open_text
 from modforge.data.examples import ExamplesData, collate_labeled, hold_out
 from modforge.data.tokenizers import BOS, TokenizedDataConfig, Tokenizer
 from modforge.registry import ConfigError, register
@@ -54,8 +54,16 @@ class ClassifyDataConfig(TokenizedDataConfig):
             raise ConfigError(f"data.max_len={self.max_len}: must be >= 2")
 
 
-def _read_delimited(path: str, text_field: str, label_field: str, key: str, delimiter: str) -> list[tuple]:
-    with open(path, newline="", encoding="utf-8") as fh:
+def _read_delimited(path: str, text_field: str, label_field: str, key: str, delimiter: str,
+                    encoding: str = "utf-8") -> list[tuple]:
+    try:
+        return _read_rows(path, text_field, label_field, key, delimiter, encoding)
+    except csv.Error as e:
+        raise ConfigError(f"{key}={path}: not a readable {'TSV' if delimiter == chr(9) else 'CSV'} file ({e})") from None
+
+
+def _read_rows(path, text_field, label_field, key, delimiter, encoding) -> list[tuple]:
+    with open_text(path, key, encoding, newline="") as fh:
         reader = csv.DictReader(fh, delimiter=delimiter)
         cols = reader.fieldnames or []
         for fld, k in ((text_field, "text_field"), (label_field, "label_field")):
@@ -72,17 +80,17 @@ def _read_delimited(path: str, text_field: str, label_field: str, key: str, deli
     return out
 
 
-def read_csv(path, text_field, label_field, key):
-    return _read_delimited(path, text_field, label_field, key, ",")
+def read_csv(path, text_field, label_field, key, encoding="utf-8"):
+    return _read_delimited(path, text_field, label_field, key, ",", encoding)
 
 
-def read_tsv(path, text_field, label_field, key):
-    return _read_delimited(path, text_field, label_field, key, "\t")
+def read_tsv(path, text_field, label_field, key, encoding="utf-8"):
+    return _read_delimited(path, text_field, label_field, key, "\t", encoding)
 
 
-def read_jsonl(path: str, text_field: str, label_field: str, key: str) -> list[tuple]:
+def read_jsonl(path: str, text_field: str, label_field: str, key: str, encoding: str = "utf-8") -> list[tuple]:
     out = []
-    with open(path, encoding="utf-8") as fh:
+    with open_text(path, key, encoding) as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -118,7 +126,7 @@ def read_examples(path: Optional[str], cfg: ClassifyDataConfig, key: str) -> lis
         if fmt is None:
             raise ConfigError(f"{key}={path}: cannot tell the format from the extension; "
                               f"use .csv/.tsv/.jsonl or set data.format=csv|tsv|jsonl.")
-    rows = READERS[fmt](p, cfg.text_field, cfg.label_field, key)
+    rows = READERS[fmt](p, cfg.text_field, cfg.label_field, key, cfg.encoding)
     if not rows:
         raise ConfigError(f"{key}={path}: no examples.")
     return rows

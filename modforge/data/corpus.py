@@ -5,6 +5,8 @@ than memory is counted, hashed and tokenized with flat memory (see
 :mod:`modforge.data.cache`). :func:`expand_paths` and :func:`existing_file` turn
 ``data.path``-style keys into files, or into one clear error naming the key.
 """
+import codecs
+import contextlib
 import glob
 import hashlib
 import os
@@ -31,30 +33,35 @@ class Corpus:
 
 
 class FilesCorpus(Corpus):
-    """Files read in order as UTF-8 (undecodable bytes replaced, newlines normalised), joined by ``separator``."""
+    """Files read in order in ``encoding`` (strict: an undecodable byte or a binary file is an error naming the
+    file and the offset; newlines normalised), joined by ``separator``."""
 
-    def __init__(self, paths: Iterable[str], separator: str = "\n", read_size: Optional[int] = None):
+    def __init__(self, paths: Iterable[str], separator: str = "\n", read_size: Optional[int] = None,
+                 encoding: str = "utf-8", key: str = "data.path"):
         self.paths = [os.path.abspath(p) for p in paths]
         self.separator = separator
         self.read_size = read_size
+        self.encoding, self.key = encoding, key
 
     def identity(self):
         files = []
         for p in self.paths:
             st = os.stat(p)
             files.append([p, st.st_size, st.st_mtime_ns])
-        return {"files": files, "separator": self.separator}
+        ident = {"files": files, "separator": self.separator}
+        return ident if self.encoding == "utf-8" else {**ident, "encoding": self.encoding}
 
     def pieces(self) -> Iterator[str]:
         size = self.read_size or CHUNK_CHARS
         for i, p in enumerate(self.paths):
             if i and self.separator:
                 yield self.separator
-            with open(p, encoding="utf-8", errors="replace") as fh:
+            with open_text(p, self.key, self.encoding) as fh:
                 while True:
                     chunk = fh.read(size)
                     if not chunk:
                         break
+                    refuse_binary(chunk, p, self.key)
                     yield chunk
 
     def describe(self) -> str:
@@ -109,6 +116,50 @@ def text_sha(texts: Iterable[str]) -> str:
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def open_text(path: str, key: str, encoding: str = "utf-8", **kw: Any) -> Iterator[Any]:
+    """``open(path)`` for text in ``encoding``, strictly: an undecodable byte anywhere while the file is read is
+    one ConfigError naming the key, the file, the byte offset and ``data.encoding``."""
+    try:
+        with open(path, encoding=encoding, **kw) as fh:
+            yield fh
+    except UnicodeDecodeError:
+        offset, byte = first_bad_byte(path, encoding)
+        raise ConfigError(
+            f"{key}={path}: not valid {encoding} text at byte {offset} (0x{byte:02x}); if the file is in another "
+            f"encoding, say which with data.encoding= (e.g. data.encoding=latin-1)") from None
+
+
+def first_bad_byte(path: str, encoding: str) -> tuple[int, int]:
+    """(offset, value) of the first byte of ``path`` that ``encoding`` cannot decode."""
+    dec = codecs.getincrementaldecoder(encoding)(errors="strict")
+    done = 0
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(1 << 16)
+            pending = len(dec.getstate()[0])  # bytes of an unfinished character kept from the last block
+            try:
+                dec.decode(block, final=not block)
+            except UnicodeDecodeError as e:  # e.start counts from the kept bytes, then this block
+                return done - pending + e.start, (e.object[e.start] if e.start < len(e.object) else 0)
+            if not block:
+                return done, 0
+            done += len(block)
+
+
+def refuse_binary(text: str, path: str, key: str) -> None:
+    if "\x00" in text:
+        raise ConfigError(f"{key}={path}: a binary file (it holds NUL bytes), not text")
+
+
+def check_encoding(encoding: str) -> None:
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ConfigError(f"data.encoding={encoding}: not a text encoding Python knows (e.g. utf-8, latin-1, "
+                          "cp1252, utf-16)") from None
 
 
 def expand_paths(spec: Any, key: str = "data.path") -> list[str]:

@@ -167,7 +167,7 @@ class StdlibData(TextLMData):
         files = stdlib_sources()
         if not files:
             raise ConfigError(f"data=stdlib: no *.py files under {sysconfig.get_paths()['stdlib']}")
-        return FilesCorpus(files)
+        return FilesCorpus(files, encoding=self.cfg.encoding, key="data=stdlib")
 
 
 # --------------------------------------------------------------------------- tinyshakespeare
@@ -225,7 +225,7 @@ class TinyShakespeareData(TextLMData):
             ) from None
 
     def corpus(self) -> Corpus:
-        return FilesCorpus([str(self.local_path())])
+        return FilesCorpus([str(self.local_path())], encoding=self.cfg.encoding)
 
 
 # --------------------------------------------------------------------------- text files
@@ -247,7 +247,7 @@ class TextFilesData(TextLMData):
     """Local text files (paths or globs), joined in order; the first 1 - val_fraction of the characters train."""
 
     def corpus(self) -> Corpus:
-        return FilesCorpus(expand_paths(self.cfg.path, "data.path"))
+        return FilesCorpus(expand_paths(self.cfg.path, "data.path"), encoding=self.cfg.encoding)
 
 
 # --------------------------------------------------------------------------- Hugging Face datasets

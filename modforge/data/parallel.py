@@ -16,7 +16,7 @@ dicts of :func:`modforge.data.examples.collate_pairs` (``src``, ``src_mask``,
 from dataclasses import dataclass
 from typing import Optional
 
-from modforge.data.corpus import existing_file
+from modforge.data.corpus import existing_file, open_text, refuse_binary
 from modforge.data.base import PAIRS
 from modforge.data.examples import ExamplesData, collate_pairs, hold_out
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer
@@ -56,11 +56,12 @@ class ParallelConfig(TokenizedDataConfig):
             raise ConfigError(f"data.max_len={self.max_len}: must be >= 2")
 
 
-def read_tsv_pairs(path: str, key: str) -> list[tuple[str, str]]:
+def read_tsv_pairs(path: str, key: str, encoding: str = "utf-8") -> list[tuple[str, str]]:
     p = existing_file(path, key, "a TSV file with source<TAB>target per line")
     out = []
-    with open(p, encoding="utf-8") as fh:
+    with open_text(p, key, encoding) as fh:
         for n, line in enumerate(fh, 1):
+            refuse_binary(line, path, key)
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue
@@ -74,13 +75,16 @@ def read_tsv_pairs(path: str, key: str) -> list[tuple[str, str]]:
     return out
 
 
-def read_aligned(src_path: str, tgt_path: str, src_key: str, tgt_key: str) -> list[tuple[str, str]]:
+def read_aligned(src_path: str, tgt_path: str, src_key: str, tgt_key: str,
+                 encoding: str = "utf-8") -> list[tuple[str, str]]:
     sp = existing_file(src_path, src_key, "a file of source sentences, one per line")
     tp = existing_file(tgt_path, tgt_key, "a file of target sentences, one per line (aligned with the sources)")
-    with open(sp, encoding="utf-8") as fh:
+    with open_text(sp, src_key, encoding) as fh:
         src = [line.rstrip("\r\n") for line in fh]
-    with open(tp, encoding="utf-8") as fh:
+    with open_text(tp, tgt_key, encoding) as fh:
         tgt = [line.rstrip("\r\n") for line in fh]
+    for lines, p, k in ((src, src_path, src_key), (tgt, tgt_path, tgt_key)):
+        refuse_binary("".join(lines), p, k)
     if len(src) != len(tgt):
         raise ConfigError(f"{src_key}={src_path} has {len(src)} lines but {tgt_key}={tgt_path} has {len(tgt)}; "
                           "the files must be line-aligned.")
@@ -106,12 +110,13 @@ class ParallelData(ExamplesData):
 
     def read(self) -> tuple[list, list]:
         c = self.cfg
-        pairs = read_tsv_pairs(c.path, "data.path") if c.path else \
-            read_aligned(c.src_path, c.tgt_path, "data.src_path", "data.tgt_path")
+        e = c.encoding
+        pairs = read_tsv_pairs(c.path, "data.path", e) if c.path else \
+            read_aligned(c.src_path, c.tgt_path, "data.src_path", "data.tgt_path", e)
         if c.val_path:
-            return pairs, read_tsv_pairs(c.val_path, "data.val_path")
+            return pairs, read_tsv_pairs(c.val_path, "data.val_path", e)
         if c.val_src_path:
-            return pairs, read_aligned(c.val_src_path, c.val_tgt_path, "data.val_src_path", "data.val_tgt_path")
+            return pairs, read_aligned(c.val_src_path, c.val_tgt_path, "data.val_src_path", "data.val_tgt_path", e)
         return hold_out(pairs, c.val_fraction, c.seed, "data=parallel", unit="pair")
 
     def texts(self, rows: list) -> list[str]:

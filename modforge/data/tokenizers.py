@@ -346,8 +346,12 @@ class TokenizedDataConfig:
     val_fraction: float = 0.1
     num_workers: int = 0
     cache_dir: Optional[str] = None  # None: $MODFORGE_CACHE, else ~/.cache/modforge
+    encoding: str = "utf-8"  # of the text files read (strict: an undecodable byte is an error naming the file)
 
     def __post_init__(self):
+        from modforge.data.corpus import check_encoding
+
+        check_encoding(self.encoding)
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction={self.val_fraction}: must be in (0, 1)")
         if self.batch_size < 1:
