@@ -59,7 +59,33 @@ def parse(argv: list) -> GenerateConfig:
         raise registry.ConfigError(
             f"strategy={cfg.strategy}: allowed values are {', '.join(STRATEGIES)}.{registry.suggest(cfg.strategy, list(STRATEGIES))}"
         )
+    for key, ok, allowed in (
+        ("max_new", cfg.max_new >= 1, "an integer >= 1"),
+        ("beam_size", cfg.beam_size >= 1, "an integer >= 1 (1 is greedy)"),
+        ("temperature", cfg.temperature > 0, "a number > 0 (lower is sharper; use strategy=greedy for argmax)"),
+        ("top_k", cfg.top_k >= 0, "an integer >= 0 (0: off)"),
+        ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1] (1: off)"),
+        ("num_samples", cfg.num_samples >= 1, "an integer >= 1"),
+        ("length_penalty", cfg.length_penalty >= 0, "a number >= 0 (0: none)"),
+    ):
+        if not ok:
+            raise registry.ConfigError(f"{key}={getattr(cfg, key)}: must be {allowed}")
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise registry.ConfigError(f"device={cfg.device}: no CUDA GPU is visible here; use device=cpu")
     return cfg
+
+
+def check_vocabulary(tokenizer, text: str, key: str) -> None:
+    """Characters the model's tokenizer cannot represent would silently become <unk>: name them instead."""
+    ids = tokenizer.encode(text)
+    if tokenizer.unk_id in ids:
+        lost = sorted({ch for ch in text if tokenizer.unk_id in tokenizer.encode(ch)})
+        raise registry.ConfigError(
+            f"{key}= holds characters this model's vocabulary does not have: {' '.join(repr(c) for c in lost)} "
+            "(they would be read as <unk>); leave them out")
 
 
 def run(cfg: GenerateConfig) -> list[str]:
@@ -70,8 +96,12 @@ def run(cfg: GenerateConfig) -> list[str]:
         task = load_checkpoint(str(path), map_location=cfg.device).to(cfg.device)
     except registry.ModforgeError:
         raise
-    except Exception as e:  # noqa: BLE001 - unreadable or foreign file -> one line
-        raise registry.ConfigError(f"ckpt={cfg.ckpt}: not a readable modforge checkpoint ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - a checkpoint of another modforge version, a mismatched state dict
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise registry.ConfigError(f"ckpt={cfg.ckpt}: cannot rebuild its model ({type(e).__name__}: {first})") from None
+    check_vocabulary(task.tokenizer, cfg.prompt, "prompt")
+    if cfg.src:
+        check_vocabulary(task.tokenizer, cfg.src, "src")
     n = cfg.num_samples if cfg.strategy == "sample" else 1
     return [
         generate(task.model, task.tokenizer, prompt=cfg.prompt, src=cfg.src, strategy=cfg.strategy,

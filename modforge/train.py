@@ -69,6 +69,50 @@ def check_trainer_values(t: Any) -> None:
                                        "(torch.cuda.is_available() is False); use trainer=cpu")
 
 
+def user_override_keys(argv: Optional[list] = None) -> list:
+    """The keys the user set on the command line (this job's, in a sweep); [] when unknown (in-process use)."""
+    if argv is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return []
+        argv = list(HydraConfig.get().overrides.task)
+    return [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")]
+
+
+def resumed_config(cfg: DictConfig, resume: str, user_keys: list) -> DictConfig:
+    """The config a resumed run trains with: every component group (model, data and its tokenizer, task,
+    norm, ..., optimizer, schedule) from the checkpoint, the rest (trainer, seed, ...) from the command line.
+    A command-line key that would change a component is refused, naming it; so is a run that has finished."""
+    from omegaconf import open_dict
+
+    ckpt = read_checkpoint(resume, "resume")  # weights only: a file that would run code is refused, in one line
+    saved = ckpt["hyper_parameters"]["run_cfg"]
+    groups = [g for g in registry.group_kinds() if g in saved]
+    for key in user_keys:
+        head = key.split(".")[0].split("/")[0]
+        if head not in groups:
+            continue
+        now = OmegaConf.select(cfg, key if "." in key else f"{key}.name")
+        was = OmegaConf.select(OmegaConf.create(saved), key if "." in key else f"{key}.name")
+        if now != was and not (isinstance(now, (DictConfig,)) and OmegaConf.to_container(now) == was):
+            raise registry.ConfigError(
+                f"{key}={now}: the run being resumed has {key}={was}; a resumed run keeps its model, data, "
+                "tokenizer, task and optimizer (only trainer.*, seed and the like may change). "
+                "To train a changed configuration, start a new run without resume=")
+    step, max_steps = int(ckpt.get("global_step", 0)), cfg.trainer.max_steps
+    if max_steps > 0 and step >= max_steps:
+        raise registry.ConfigError(
+            f"resume={resume}: that run has finished (step {step} of trainer.max_steps={max_steps}); to train it "
+            f"further, raise the limit, e.g. resume={resume} trainer.max_steps={2 * max_steps}")
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        for g in groups:
+            cfg[g] = OmegaConf.create(saved[g])
+    validate(cfg)
+    return cfg
+
+
 def check_positions(longest: Optional[int], max_len: int, what: str) -> None:
     """The longest sequence the data can produce must fit the model's positions / KV cache."""
     if longest is not None and longest > max_len:
@@ -104,7 +148,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
     if resume:
-        read_checkpoint(resume, "resume")  # weights only: a file that would run code is refused, in one line
+        cfg = resumed_config(cfg, resume, user_override_keys())
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
@@ -275,6 +319,9 @@ def preflight(argv: list, multirun: bool) -> int:
                     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
                     check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
                 validate(cfg)
+                resume = resume_path(cfg.get("resume"))
+                if resume:
+                    resumed_config(cfg, resume, user_override_keys(job))
             except registry.ConfigError as e:
                 if i == 0 and "hydra." in str(e).split(":")[0]:
                     raise
