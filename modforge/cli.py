@@ -21,6 +21,10 @@ def one_line_errors() -> Iterator[None]:
         yield
     except ModforgeError as e:
         fail(e)
+    except OSError as e:  # a fault on disk (no space, no permission): the path and the reason, in one line
+        if e.filename is None:
+            raise
+        fail(f"{e.filename}: {e.strerror or e}")
 
 
 def wants_help(argv: list) -> bool:

@@ -29,6 +29,8 @@ def hydra_loader() -> Iterator[Any]:
     from hydra.core.global_hydra import GlobalHydra
 
     load_all()
+    if GlobalHydra.instance().is_initialized():  # left over by an app that exited (in-process use)
+        GlobalHydra.instance().clear()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         yield GlobalHydra.instance().config_loader()
 
@@ -43,7 +45,10 @@ def one_line(e: BaseException) -> str:
         lines += [ln.strip() for ln in str(e).splitlines()
                   if ln.strip() and not ln.strip().startswith(skip) and "$VALUE" not in ln]
         e = e.__cause__ or e.__context__
-    return "; ".join(list(dict.fromkeys(lines))[:2]) or "invalid configuration"
+    lines = [ln for ln in dict.fromkeys(lines) if not ln.startswith("To append to your config use")]
+    if lines and lines[0].startswith("Could not override"):  # the key exists for other options of the group
+        lines[0] += " It is not a key of the option chosen in its group; python -m modforge.list shows each option's keys."
+    return "; ".join(lines[:2]) or "invalid configuration"
 
 
 def _parse(args: list, loader: Any = None) -> list:

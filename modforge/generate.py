@@ -51,7 +51,8 @@ def parse(argv: list) -> GenerateConfig:
         # values are taken verbatim (a prompt keeps its spaces); OmegaConf converts and type-checks them
         cfg = OmegaConf.merge(OmegaConf.structured(GenerateConfig), dict(a.lstrip("+").split("=", 1) for a in argv))
     except Exception as e:  # noqa: BLE001 - OmegaConf type errors -> one line
-        raise registry.ConfigError(str(e).splitlines()[0]) from None
+        key = getattr(e, "full_key", None)
+        raise registry.ConfigError((f"{key}: " if key else "") + str(e).splitlines()[0]) from None
     cfg = OmegaConf.to_object(cfg)
     if not cfg.ckpt:
         raise registry.ConfigError("ckpt=<a .ckpt file or a run directory> is required")

@@ -25,7 +25,7 @@ def atomic_file(path: Path, mode: str = "wb", durable: bool = False):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        with _named(path), open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
             yield fh
             if durable:
                 fh.flush()
@@ -41,6 +41,17 @@ def atomic_file(path: Path, mode: str = "wb", durable: bool = False):
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def _named(path: Path):
+    """An OSError without a file name (a full disk while writing) gets ``path``, so its message names it."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
 
 

@@ -79,12 +79,25 @@ class NoamConfig:
     warmup_steps: int = 4000
     factor: float = 1.0
 
+    def __post_init__(self):
+        if self.warmup_steps < 1:
+            raise ConfigError(f"scheduler.warmup_steps={self.warmup_steps}: noam needs >= 1")
+        if not self.factor > 0:
+            raise ConfigError(f"scheduler.factor={self.factor}: must be > 0")
+
 
 @dataclass
 class CosineConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     total_steps: Optional[int] = None  # None: the trainer's max_steps
+
+    def __post_init__(self):
+        if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"scheduler.warmup_steps={self.warmup_steps}, scheduler.min_lr_ratio={self.min_lr_ratio}: "
+                              "warm-up >= 0 steps, ratio in [0, 1]")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise ConfigError(f"scheduler.total_steps={self.total_steps}: must be >= 1 (or null: trainer.max_steps)")
 
 
 @dataclass
@@ -109,8 +122,6 @@ def cosine_factor(step: int, warmup: int, total: int, min_ratio: float) -> float
 @register("scheduler", "noam", config=NoamConfig)
 def noam(cfg: NoamConfig, optimizer, *, d_model: int, total_steps: Optional[int] = None) -> LambdaLR:
     """lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"""
-    if cfg.warmup_steps < 1:
-        raise ConfigError(f"scheduler.warmup_steps={cfg.warmup_steps}: noam needs >= 1")
     # LambdaLR calls the lambda with 0 before the first step: count optimizer steps from 1
     return LambdaLR(optimizer, lambda s: noam_factor(s + 1, d_model, cfg.warmup_steps, cfg.factor))
 

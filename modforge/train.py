@@ -31,6 +31,15 @@ def validate(cfg: DictConfig) -> None:
         v = cfg.get(key)
         if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
             raise registry.ConfigError(f"{key}={v}: must be " + " or ".join(t.__name__ for t in allowed))
+    for kind in registry.kinds():  # nested kinds (ffn.activation, data.tokenizer): their names, now
+        where = registry.kind(kind).nested_in
+        name = OmegaConf.select(cfg, where) if where else None
+        if isinstance(name, str):
+            registry.get(kind, name)
+    if "data" in typed and hasattr(typed["data"][1], "tokenizer"):
+        from modforge.data.tokenizers import make_tokenizer
+
+        make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
     if {"task", "model", "data"} <= set(typed):
         from modforge.tasks.base import check_fit
 

@@ -78,3 +78,226 @@ def test_what_modforge_writes_loads_weights_only(tmp_path):
     m = run(compose(tiny_overrides(steps=1) + ["data.max_chars=20000", "sample=false", "eval_at_start=false"]), tmp_path)
     ckpt = torch.load(m["checkpoint"], weights_only=True)
     assert ckpt["global_step"] == 1 and "data_facts" in ckpt["hyper_parameters"]
+
+
+# --------------------------------------------------------------------------- the table of bad inputs
+# Each case: the command, its arguments, and a piece of the one line it must print. Every case must end with
+# exit code 2, one line on stderr naming the key or the file, no traceback, and no training work (no checkpoint).
+# {run}: a tiny finished run (2 steps); {crafted}: a checkpoint that would create a file if unpickled;
+# {garbage}, {foreign}: a file that is no checkpoint, a safe checkpoint that is not modforge's; {latin},
+# {binary}, {latin_csv}: text files that are not UTF-8 text; {file}: a plain file; {sweep}: a report directory.
+
+TRAIN = [
+    (["norm=rmss"], "Did you mean 'rms'"),
+    (["norm.epz=1"], "Did you mean 'eps'"),
+    (["experiment=shakespeare"], "Did you mean 'shakespeare_char'"),
+    (["+modle=encoder_only"], "'modle' is not a key or group"),
+    (["modle=encoder_only"], "Did you mean 'model'"),
+    (["+logger=wandb"], "'logger' is not a key or group"),
+    (["+compile=true"], "'compile' is not a key or group"),
+    (["seed=abc"], "seed must be an integer"),
+    (["sample=maybe"], "sample must be true or false"),
+    (["eval_at_start=3"], "eval_at_start must be true or false"),
+    (["resume.x=1"], "resume is a value"),
+    (["model=encoder_only", "task=causal_lm"], "task=causal_lm trains a causal decoder"),
+    (["task=seq2seq", "model=decoder_only"], "model=decoder_only is not one. Models that fit: encoder_decoder"),
+    (["model=encoder_decoder", "data=stdlib"], "data=stdlib gives a token stream"),
+    (["data=reverse"], "data=reverse gives source/target pairs"),
+    (["model=encoder_only", "data=classify"], "data.path"),
+    (["model=encoder_only", "task=classify", "data=stdlib"], "task=classify needs data of labelled examples"),
+    (["trainer.max_steps=-5"], "trainer.max_steps=-5"),
+    (["optim.lr=-1"], "optim.lr=-1.0: must be > 0"),
+    (["optim.betas=[0.9,1.5]"], "optim.betas"),
+    (["task.label_smoothing=2"], "task.label_smoothing=2.0"),
+    (["data.num_workers=-1"], "data.num_workers=-1"),
+    (["data.val_fraction=1.5"], "data.val_fraction=1.5"),
+    (["data.batch_size=0"], "data.batch_size=0"),
+    (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval=0"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1"),
+    (["trainer=gpu"], "no CUDA GPU is visible"),
+    (["trainer=gpux"], "Unknown trainer 'gpux'"),
+    (["trainer.acumulate_grad_batches=2"], "Did you mean 'accumulate_grad_batches'"),
+    (["trainer.logger=false"], "set by modforge"),
+    (["hydra/launcher=joblibb"], "Did you mean 'joblib'"),
+    (["activation=silu"], "ffn.activation"),
+    (["+tokenizer=bpe"], "data.tokenizer"),
+    (["ffn.activation=gelux"], "Did you mean 'gelu'"),
+    (["data.tokenizer=bpee"], "Did you mean 'bpe'"),
+    (["data.tokenizer=bpe", "data.vocab_size=100"], "data.vocab_size=100"),
+    (["data.vocab_size=300"], "tokenizer 'char' takes no vocab_size"),
+    (["model.d_model=big"], "model.d_model=big"),
+    (["model.n_heads=3"], "divisible by model.n_heads=3"),
+    (["model.dropout=1.5"], "model.dropout=1.5"),
+    (["data.block_size=1000"], "model.max_len=256 is shorter"),
+    (["scheduler=noam", "scheduler.warmup_steps=0"], "noam needs >= 1"),
+    (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio=2"),
+    (["norm=[a"], "not a valid override"),
+    (["norm=rms", "norm.eps_placement=sideways"], "norm.eps_placement='sideways'"),
+    (["norm.eps_placement=inside"], "It is not a key of the option chosen in its group"),
+    (["hydra.run.dir=/proc/x"], "hydra.run.dir=/proc/x"),
+    (["hydra.run.dir={file}/sub"], "is a file"),
+    (["data=text"], "data.path"),
+    (["data=text", "data.path=/nonexistent/x.txt"], "no such file"),
+    (["data=text", "data.path={latin}"], "not valid utf-8 text at byte 3"),
+    (["data=text", "data.path={binary}"], "a binary file"),
+    (["data=text", "data.path={latin}", "data.encoding=latin-9x"], "data.encoding=latin-9x"),
+    (["model=encoder_only", "task=classify", "data=classify", "data.path={latin_csv}"], "not valid utf-8"),
+    (["data=tinyshakespeare", "data.path=/nonexistent/input.txt"], "no such file"),
+    (["-m", "model.n_heads=4,3"], "1 of 2 jobs are invalid, so the sweep does not start: #1 (model.n_heads=3)"),
+    (["-m", "norm=layer,rmss"], "Did you mean 'rms'"),
+    (["-m", "seed=1,abc"], "seed must be an integer"),
+    (["-m", "experiment=norm_quick", "model.n_heads=3"], "9 of 9 jobs are invalid"),
+    (["resume=/nonexistent/run"], "no checkpoint at /nonexistent/run"),
+    (["resume={garbage}"], "not a readable checkpoint"),
+    (["resume={crafted}"], "refused"),
+    (["resume={foreign}"], "not a modforge checkpoint"),
+    (["resume={run}", "model.d_model=64"], "a resumed run keeps its model"),
+    (["resume={run}", "norm=rms"], "the run being resumed has norm=layer"),
+    (["resume={run}", "trainer.max_steps=2"], "that run has finished (step 2 of trainer.max_steps=2)"),
+]
+
+GENERATE = [
+    (["prompt=hi"], "ckpt=<a .ckpt file"),
+    (["ckpt=/nonexistent.ckpt"], "no checkpoint at /nonexistent.ckpt"),
+    (["ckpt={crafted}"], "refused"),
+    (["ckpt={garbage}"], "not a readable checkpoint"),
+    (["ckpt={run}", "strategy=nucleus"], "strategy=nucleus"),
+    (["ckpt={run}", "beam=3"], "Did you mean 'beam_size'"),
+    (["ckpt={run}", "beam_size=0"], "beam_size=0"),
+    (["ckpt={run}", "max_new=-1"], "max_new=-1"),
+    (["ckpt={run}", "top_p=2"], "top_p=2.0"),
+    (["ckpt={run}", "top_k=-3"], "top_k=-3"),
+    (["ckpt={run}", "temperature=-1"], "temperature=-1.0"),
+    (["ckpt={run}", "num_samples=0"], "num_samples=0"),
+    (["ckpt={run}", "length_penalty=-1"], "length_penalty=-1.0"),
+    (["ckpt={run}", "max_new=many"], "max_new"),
+    (["ckpt={run}", "device=cuda"], "no CUDA GPU"),
+    (["ckpt={run}", "prompt=漢字 and €"], "vocabulary does not have: '€' '字' '漢'"),
+]
+
+REPORT = [
+    ([], "name the sweep directory"),
+    (["/nonexistent"], "no such directory"),
+    (["{file}"], "no such directory"),
+    (["{sweep}", "metric=val/los"], "Metrics that exist"),
+    (["{sweep}", "sort=worst"], "sort=worst"),
+    (["{sweep}", "format=xml"], "format=xml"),
+    (["{sweep}", "level=2"], "level=2"),
+    (["{sweep}", "over=sed"], "over=sed"),
+    (["{sweep}", "baseline=x=1"], "baseline=x=1"),
+    (["{sweep}", "metrc=x"], "unknown argument 'metrc=x'"),
+    (["{sweep}", "best=low"], "best=low"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    run_dir = d / "run"
+    run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false", "eval_at_start=false"]), run_dir)
+    (d / "garbage.ckpt").write_bytes(b"garbage" * 10)
+    torch.save({"weights": torch.zeros(2)}, d / "foreign.ckpt")
+    torch.save({"state_dict": {}, "hyper_parameters": {"run_cfg": {}, "x": CreatesAFile(d / "PWNED")}}, d / "crafted.ckpt")
+    (d / "latin.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 500)
+    (d / "binary.txt").write_bytes(b"text\x00more\n" * 500)
+    (d / "latin.csv").write_bytes("text,label\ncaf\xe9,pos\nthe,neg\n".encode("latin-1"))
+    (d / "file").write_text("x")
+    sweep = d / "sweep" / "0_a=1"
+    (sweep / ".hydra").mkdir(parents=True)
+    (sweep / ".hydra" / "overrides.yaml").write_text("- a=1\n- seed=1\n")
+    (sweep / "metrics.json").write_text('{"val": {"val/loss": 1.0}}')
+    names = {"run": run_dir, "crafted": d / "crafted.ckpt", "garbage": d / "garbage.ckpt", "foreign": d / "foreign.ckpt",
+             "latin": d / "latin.txt", "binary": d / "binary.txt", "latin_csv": d / "latin.csv", "file": d / "file",
+             "sweep": d / "sweep"}
+    return {k: str(v) for k, v in names.items()}, d
+
+
+def run_bad(main, argv, capsys) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2, (argv, out[-2000:], err[-2000:])
+    assert "Traceback" not in out + err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("argv,msg", TRAIN, ids=[" ".join(a) for a, _ in TRAIN])
+def test_train_refuses(argv, msg, files, tmp_path, capsys):
+    from modforge.train import main
+
+    names, d = files
+    argv = [a.format(**names) for a in argv]
+    if not any(a.startswith("hydra.run.dir") for a in argv):
+        argv.append(f"hydra.sweep.dir={tmp_path}/sweep" if "-m" in argv else f"hydra.run.dir={tmp_path}/run")
+    err = run_bad(main, argv, capsys)
+    assert msg in err, err
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.json"))  # no training work
+    assert not (d / "PWNED").exists()
+
+
+@pytest.mark.parametrize("argv,msg", GENERATE, ids=[" ".join(a) for a, _ in GENERATE])
+def test_generate_refuses(argv, msg, files, capsys):
+    from modforge.generate import main
+
+    names, d = files
+    err = run_bad(main, [a.format(**names) for a in argv], capsys)
+    assert msg in err, err
+    assert not (d / "PWNED").exists()
+
+
+@pytest.mark.parametrize("argv,msg", REPORT, ids=[" ".join(a) for a, _ in REPORT])
+def test_report_refuses(argv, msg, files, capsys):
+    from modforge.report import main
+
+    names, _ = files
+    err = run_bad(main, [a.format(**names) for a in argv], capsys)
+    assert msg in err, err
+
+
+def test_the_table_is_long_enough():
+    assert len(TRAIN) + len(GENERATE) + len(REPORT) >= 60
+
+
+def test_a_full_disk_while_writing_names_the_file(tmp_path, monkeypatch, capsys):
+    """ENOSPC in the middle of writing: one line naming the file; the previous version of the file stays whole."""
+    import builtins
+    import errno
+
+    import modforge.io
+    from modforge.cli import one_line_errors
+    from modforge.io import write_text
+
+    target = tmp_path / "metrics.json"
+    write_text(target, "old\n")
+
+    class FullDisk:
+        def __init__(self, *a, **k):
+            self.fh = builtins.open(*a, **k)
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")  # as the kernel says it: no file name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    monkeypatch.setattr(modforge.io, "open", FullDisk, raising=False)
+    with pytest.raises(SystemExit) as e, one_line_errors():
+        write_text(target, "new\n")
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"error: {target}: No space left on device\n"
+    assert target.read_text() == "old\n" and not list(tmp_path.glob(".metrics.json.*.tmp"))
+
+
+@pytest.mark.parametrize("argv,jobs", [(["-m", "ffn=glob(*glu)"], 4), (["-m", "seed=range(1,4)", "norm=layer,rms"], 6),
+                                       (["-m", "experiment=norm_quick"], 9), (["norm=rms"], 1)])
+def test_hydra_sweep_syntax_passes_and_every_job_is_checked(argv, jobs):
+    from modforge.train import preflight
+
+    assert preflight(argv, multirun="-m" in argv) == jobs
