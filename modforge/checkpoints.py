@@ -63,12 +63,18 @@ def load_checkpoint(path: str, map_location: str = "cpu", key: str = "ckpt"):
     load_all()  # built-ins and plugins: the checkpoint names its components
     ckpt = read_checkpoint(path, key, map_location)
     hp = ckpt["hyper_parameters"]
-    facts = DataFacts.from_state(hp["data_facts"] if "data_facts" in hp else _facts_of_old_checkpoint(hp))
+    facts = DataFacts.from_state(facts_state(ckpt))
     entry, task_cfg = make_config("task", hp["run_cfg"]["task"])
     task = entry.cls(task_cfg, hp["run_cfg"], facts)
     task.load_state_dict(ckpt["state_dict"])
     task.tokens_seen = int(ckpt.get("tokens_seen", 0))
     return task.eval()
+
+
+def facts_state(ckpt: dict) -> dict:
+    """The data facts a checkpoint carries (rebuilt from the tokenizer state for checkpoints older than them)."""
+    hp = ckpt["hyper_parameters"]
+    return hp["data_facts"] if "data_facts" in hp else _facts_of_old_checkpoint(hp)
 
 
 def _facts_of_old_checkpoint(hp: dict) -> dict:

@@ -72,7 +72,7 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
     Hydra's sweep syntax (``glob``, ``range``, ``choice``, intervals) passes; the
     jobs it expands to are checked by :func:`preflight`.
     """
-    args = [a for a in args if "=" in a and not a.startswith("-")]
+    args = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
     if not args:
         return
     if loader is None:
@@ -82,9 +82,14 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
     nested = {k: registry.kind(k).nested_in for k in registry.kinds() if not registry.kind(k).top_level}
     for ov in _parse(args, loader):
         key = ov.key_or_group.lstrip("+~")
-        if ov.is_delete() or ov.package or key.startswith("hydra.") or key == "hydra":
+        if ov.package or key.startswith("hydra.") or key.startswith("hydra/") and ov.is_delete() or key == "hydra":
             continue
         head, _, sub = key.partition(".")
+        if ov.is_delete():
+            if head in kinds or head in ROOT_KEYS or head in PRESET_GROUPS or head == "trainer":
+                raise registry.ConfigError(
+                    f"{ov.input_line}: modforge needs {key}; choose another option or value instead of deleting it")
+            continue
         values = _values(ov)
         if key.startswith("hydra/") or (head in PRESET_GROUPS and not sub) or (
                 head not in kinds and head not in ROOT_KEYS and head != "trainer" and loader.get_group_options(key)):
@@ -144,11 +149,17 @@ def _check_preset(group: str, values: list, loader: Any) -> None:
 def _check_root(line: str, head: str, sub: str, values: list) -> None:
     if sub:
         raise registry.ConfigError(f"{line}: {head} is a value, it has no keys")
-    allowed = ROOT_KEYS[head]
     for v in values:
-        if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
-            want = " or ".join(_TYPE_WORDS[t] for t in allowed)
-            raise registry.ConfigError(f"{line}: {head} must be {want}, not {v!r}")
+        check_root_value(head, v, line)
+
+
+def check_root_value(key: str, v: Any, line: str = "") -> None:
+    allowed = ROOT_KEYS[key]
+    if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
+        want = " or ".join(_TYPE_WORDS[t] for t in allowed)
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: {key} must be {want}, not {v!r}")
+    if key == "seed" and not 0 <= v < 2 ** 32:
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
 
 
 def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
@@ -156,14 +167,19 @@ def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
     sweeps and the grid an experiment carries in ``hydra.sweeper.params``), expanded as Hydra's sweeper does."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    args = [a for a in args if "=" in a and not a.startswith("-")]
+    args = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
     if not multirun:
         return [args]
     parsed = _parse(args, loader)
     fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
     cfg = _compose(fixed, hydra=True)
     grid = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
-    batches = BasicSweeper.split_arguments(_parse(grid + args, loader), None)
+    try:
+        batches = BasicSweeper.split_arguments(_parse(grid + args, loader), None)
+    except Exception as e:  # noqa: BLE001 - e.g. an interval, which only a sampling sweeper (Optuna) can use
+        raise registry.ConfigError(f"the sweep cannot be expanded into jobs: {one_line(e)} (quote a value with "
+                                   "commas, e.g. 'hydra.sweeper.params.norm=\"layer,rms\"'; intervals need a "
+                                   "sampling sweeper such as Optuna's)") from None
     return [job for batch in batches for job in batch]
 
 
@@ -180,7 +196,7 @@ def _compose(overrides: list, hydra: bool = False) -> DictConfig:
     with ctx:
         try:
             return h_compose("train", overrides=list(overrides), return_hydra_config=hydra)
-        except (HydraException, OmegaConfBaseException) as e:
+        except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError, KeyError) as e:
             raise registry.ConfigError(one_line(e)) from None
 
 

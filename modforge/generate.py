@@ -39,6 +39,9 @@ class GenerateConfig:
     device: str = "cpu"
 
 
+RAW_TEXT = ("prompt", "src", "ckpt")
+
+
 def parse(argv: list) -> GenerateConfig:
     allowed = list(GenerateConfig.__dataclass_fields__)
     for a in argv:
@@ -47,13 +50,16 @@ def parse(argv: list) -> GenerateConfig:
             raise registry.ConfigError(
                 f"{a!r}: expected key=value with key one of {', '.join(allowed)}.{registry.suggest(key, allowed)}"
             )
+    given = dict(a.lstrip("+").split("=", 1) for a in argv)
+    text = {k: given.pop(k) for k in RAW_TEXT if k in given}  # verbatim: '${...}' in a prompt is text, not a reference
     try:
-        # values are taken verbatim (a prompt keeps its spaces); OmegaConf converts and type-checks them
-        cfg = OmegaConf.merge(OmegaConf.structured(GenerateConfig), dict(a.lstrip("+").split("=", 1) for a in argv))
+        # OmegaConf converts and type-checks the other values
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig), given))
     except Exception as e:  # noqa: BLE001 - OmegaConf type errors -> one line
         key = getattr(e, "full_key", None)
         raise registry.ConfigError((f"{key}: " if key else "") + str(e).splitlines()[0]) from None
-    cfg = OmegaConf.to_object(cfg)
+    for k, v in text.items():
+        setattr(cfg, k, v)
     if not cfg.ckpt:
         raise registry.ConfigError("ckpt=<a .ckpt file or a run directory> is required")
     if cfg.strategy not in STRATEGIES:
@@ -71,11 +77,16 @@ def parse(argv: list) -> GenerateConfig:
     ):
         if not ok:
             raise registry.ConfigError(f"{key}={getattr(cfg, key)}: must be {allowed}")
-    if cfg.device.startswith("cuda"):
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            raise registry.ConfigError(f"device={cfg.device}: no CUDA GPU is visible here; use device=cpu")
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError:
+        raise registry.ConfigError(f"device={cfg.device}: not a device name (cpu, cuda, cuda:1, mps)") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(device.type, False):
+        what = "no CUDA GPU is visible here" if device.type == "cuda" else f"no {device.type} device is usable here"
+        raise registry.ConfigError(f"device={cfg.device}: {what}; use device=cpu")
     return cfg
 
 

@@ -104,6 +104,10 @@ class CosineConfig:
 class ConstantConfig:
     warmup_steps: int = 0
 
+    def __post_init__(self):
+        if self.warmup_steps < 0:
+            raise ConfigError(f"scheduler.warmup_steps={self.warmup_steps}: must be >= 0")
+
 
 def noam_factor(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     step = max(step, 1)

@@ -16,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.builtins import load_all
-from modforge.checkpoints import find_checkpoint, read_checkpoint
+from modforge.checkpoints import facts_state, find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
-from modforge.config import CONF_DIR, ROOT_KEYS, check_overrides, check_trainer_key, to_plain
+from modforge.config import CONF_DIR, ROOT_KEYS, check_overrides, check_root_value, check_trainer_key, to_plain
 
 
 def validate(cfg: DictConfig) -> None:
@@ -27,10 +27,8 @@ def validate(cfg: DictConfig) -> None:
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
     check_trainer_values(cfg.trainer)
-    for key, allowed in ROOT_KEYS.items():
-        v = cfg.get(key)
-        if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
-            raise registry.ConfigError(f"{key}={v}: must be " + " or ".join(t.__name__ for t in allowed))
+    for key in ROOT_KEYS:
+        check_root_value(key, cfg.get(key))
     for kind in registry.kinds():  # nested kinds (ffn.activation, data.tokenizer): their names, now
         where = registry.kind(kind).nested_in
         name = OmegaConf.select(cfg, where) if where else None
@@ -40,6 +38,13 @@ def validate(cfg: DictConfig) -> None:
         from modforge.data.tokenizers import make_tokenizer
 
         make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
+    if "optim" in typed and "scheduler" in typed:  # built once on a dummy parameter: their own checks, now
+        import torch
+
+        opt = registry.build("optim", cfg.optim, [torch.nn.Parameter(torch.zeros(1))])
+        total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
+        d_model = getattr(typed.get("model", (None, None))[1], "d_model", 1)
+        registry.build("scheduler", cfg.scheduler, opt, d_model=d_model, total_steps=total)
     if {"task", "model", "data"} <= set(typed):
         from modforge.tasks.base import check_fit
 
@@ -61,8 +66,14 @@ def check_trainer_values(t: Any) -> None:
     if not isinstance(agb, int) or isinstance(agb, bool) or agb < 1:
         bad("accumulate_grad_batches", "an integer >= 1")
     vci = t.get("val_check_interval")
-    if vci is not None and (isinstance(vci, bool) or not isinstance(vci, (int, float)) or vci <= 0):
-        bad("val_check_interval", "a positive number of steps (int) or fraction of an epoch (float)")
+    if isinstance(vci, bool) or (isinstance(vci, (int, float)) and vci <= 0):
+        bad("val_check_interval", "a positive number of steps (int), a fraction of an epoch (float), or a time")
+    if isinstance(vci, float) and t.get("check_val_every_n_epoch") is None:
+        bad("val_check_interval", "a fraction of an epoch needs trainer.check_val_every_n_epoch=1 (the default "
+            "validates by steps across epochs)")
+    cve = t.get("check_val_every_n_epoch")
+    if cve is not None and (isinstance(cve, bool) or not isinstance(cve, int) or cve < 1):
+        bad("check_val_every_n_epoch", "an integer >= 1, or null (validate by steps)")
     lvb = t.get("limit_val_batches")
     if lvb is not None and (isinstance(lvb, bool) or not isinstance(lvb, (int, float)) or lvb < 0):
         bad("limit_val_batches", "a number >= 0")
@@ -76,6 +87,28 @@ def check_trainer_values(t: Any) -> None:
         if not torch.cuda.is_available():
             raise registry.ConfigError(f"trainer.accelerator={acc}: no CUDA GPU is visible here "
                                        "(torch.cuda.is_available() is False); use trainer=cpu")
+    # everything else the Trainer itself checks when it is built: build one now, before any data is read
+    import lightning as L
+
+    settings = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items()
+                if k not in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary")}
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            L.Trainer(**settings, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    except Exception as e:  # noqa: BLE001 - Lightning's MisconfigurationException, ValueError, TypeError ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        named = [k for k in settings if f"{k}=" in first] or [k for k in settings if k in first]
+        where = f"trainer.{named[0]}={settings[named[0]]}" if named else "trainer"
+        raise registry.ConfigError(f"{where}: {first}") from None
+
+
+# keys a resumed run may change: where the data is and how it is loaded, what the end-of-run summary shows
+RESUME_FREE_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
+                    "task.sample_prompt", "task.sample_temperature", "task.sample_top_k")
 
 
 def user_override_keys(argv: Optional[list] = None) -> list:
@@ -100,8 +133,10 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: list) -> DictConfig:
     groups = [g for g in registry.group_kinds() if g in saved]
     for key in user_keys:
         head = key.split(".")[0].split("/")[0]
-        if head not in groups:
+        if head not in groups or key in RESUME_FREE_KEYS:
             continue
+        if "." in key and OmegaConf.select(OmegaConf.create(saved), key, default="<absent>") == "<absent>":
+            continue  # a key the saved run did not have yet (its default then): nothing to compare
         now = OmegaConf.select(cfg, key if "." in key else f"{key}.name")
         was = OmegaConf.select(OmegaConf.create(saved), key if "." in key else f"{key}.name")
         if now != was and not (isinstance(now, (DictConfig,)) and OmegaConf.to_container(now) == was):
@@ -113,11 +148,14 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: list) -> DictConfig:
     if max_steps > 0 and step >= max_steps:
         raise registry.ConfigError(
             f"resume={resume}: that run has finished (step {step} of trainer.max_steps={max_steps}); to train it "
-            f"further, raise the limit, e.g. resume={resume} trainer.max_steps={2 * max_steps}")
+            f"further, raise the limit, e.g. resume={resume} trainer.max_steps={2 * step}")
+    free = {k: OmegaConf.select(cfg, k) for k in user_keys if k in RESUME_FREE_KEYS}
     cfg = cfg.copy()
     with open_dict(cfg):
         for g in groups:
             cfg[g] = OmegaConf.create(saved[g])
+        for k, v in free.items():  # keys that change how, not what, is trained
+            OmegaConf.update(cfg, k, v, merge=False)
     validate(cfg)
     return cfg
 
@@ -156,15 +194,20 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     load_all()
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
+    tokenizer = None
     if resume:
+        from modforge.data.base import DataFacts
+
         cfg = resumed_config(cfg, resume, user_override_keys())
+        # the model's own tokenizer: text is read with the ids it was trained on, never refitted
+        tokenizer = DataFacts.from_state(facts_state(read_checkpoint(resume, "resume"))).tokenizer
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     dm = registry.build("data", cfg.data)
-    facts = dm.prepare()
+    facts = dm.prepare(tokenizer)
     check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
     entry, task_cfg = registry.make_config("task", cfg.task)
     task = entry.cls(task_cfg, plain, facts)
@@ -317,6 +360,18 @@ def preflight(argv: list, multirun: bool) -> int:
     first one starts; all invalid jobs are named at once. Returns the number of jobs."""
     from modforge.config import _compose, check_output_dir, hydra_loader, job_overrides
 
+    words, rest = [], iter(argv)
+    for a in rest:
+        if a in _HYDRA_VALUE_FLAGS:
+            next(rest, None)
+        elif not a.startswith("-") and "=" not in a and not a.startswith("~"):
+            words.append(a)
+    if words:
+        raise registry.ConfigError(f"'{words[0]}': expected key=value (e.g. norm=rms) or a flag such as -m")
+    if any(a.split("=")[0] in _HYDRA_VALUE_FLAGS for a in argv):
+        # your own config directory or primary config: Hydra composes it; the registry's checks still apply
+        check_overrides([a for a in argv if a.split("=")[0].lstrip("+~").split(".")[0] in registry.group_kinds()])
+        return 0
     with hydra_loader() as loader:
         check_overrides(argv, loader)
         jobs = job_overrides(argv, multirun, loader)

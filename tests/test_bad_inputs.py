@@ -155,6 +155,25 @@ TRAIN = [
     (["resume={run}", "model.d_model=64"], "a resumed run keeps its model"),
     (["resume={run}", "norm=rms"], "the run being resumed has norm=layer"),
     (["resume={run}", "trainer.max_steps=2"], "that run has finished (step 2 of trainer.max_steps=2)"),
+    (["trainer.devices=0"], "trainer.devices=0"),
+    (["trainer.precision=17"], "trainer.precision=17"),
+    (["trainer.strategy=foo"], "trainer.strategy=foo"),
+    (["trainer.max_epochs=-5"], "trainer.max_epochs=-5"),
+    (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0"),
+    (["trainer.val_check_interval=0.5"], "needs trainer.check_val_every_n_epoch=1"),
+    (["trainer.max_steps=-1", "trainer.max_epochs=1"], "scheduler=cosine needs scheduler.total_steps"),
+    (["model.d_ff=-1"], "model.d_ff=-1"),
+    (["model.init_std=-1"], "model.init_std=-1"),
+    (["attention.dropout=2"], "attention.dropout=2.0"),
+    (["seed=-1"], "seed must be in [0, 2^32 - 1]"),
+    (["task.sample_temperature=0"], "task.sample_temperature=0.0"),
+    (["scheduler=constant", "scheduler.warmup_steps=-5"], "scheduler.warmup_steps=-5"),
+    (["~norm"], "modforge needs norm"),
+    (["~trainer.max_steps"], "modforge needs trainer.max_steps"),
+    (["norm", "rms"], "'norm': expected key=value"),
+    (["norm=null"], "must be a string"),
+    (["-m", "optim.lr=interval(0.001,0.01)"], "the sweep cannot be expanded into jobs"),
+    (["data.encoding=rot13"], "data.encoding=rot13"),
 ]
 
 GENERATE = [
@@ -174,6 +193,8 @@ GENERATE = [
     (["ckpt={run}", "max_new=many"], "max_new"),
     (["ckpt={run}", "device=cuda"], "no CUDA GPU"),
     (["ckpt={run}", "prompt=漢字 and €"], "vocabulary does not have: '€' '字' '漢'"),
+    (["ckpt={run}", "device=foo"], "device=foo: not a device name"),
+    (["ckpt={run}", "prompt=${{oc.env:HOME}} ☃"], "'☃'"),  # the prompt is text, never an interpolation
 ]
 
 REPORT = [
@@ -301,3 +322,24 @@ def test_hydra_sweep_syntax_passes_and_every_job_is_checked(argv, jobs):
     from modforge.train import preflight
 
     assert preflight(argv, multirun="-m" in argv) == jobs
+
+
+def test_a_resumed_run_keeps_the_checkpoints_tokenizer_and_may_move_its_data(tmp_path):
+    """Resuming on changed text reads it with the model's own ids (never a refitted tokenizer), and keys that
+    say where the data is or how it is loaded may change."""
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("abcde fghij\n" * 400)
+    first = run(compose(tiny_overrides(steps=2) + ["data=text", f"data.path={corpus}", "sample=false",
+                                                   "eval_at_start=false"]), tmp_path / "a")
+    moved = tmp_path / "b.txt"
+    moved.write_text("abcde fghiq\n" * 400)  # same vocabulary size, one character swapped
+    from modforge.train import resumed_config, resume_path
+
+    cfg = compose(tiny_overrides(steps=4) + ["data=text", f"data.path={moved}", "data.num_workers=0",
+                                             f"resume={tmp_path / 'a'}", "sample=false"])
+    adopted = resumed_config(cfg, resume_path(cfg.resume), ["data.path", "data.num_workers"])
+    assert adopted.data.path == str(moved)
+    m = run(cfg, tmp_path / "b")
+    from modforge.checkpoints import load_checkpoint
+
+    assert load_checkpoint(m["checkpoint"]).tokenizer.state() == load_checkpoint(first["checkpoint"]).tokenizer.state()

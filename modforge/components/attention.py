@@ -111,6 +111,10 @@ class MultiHeadAttention(Attention):
         bias: bool = True  # biases on the projections
         dropout: float = 0.0  # on the attention probabilities
 
+        def __post_init__(self):
+            if not 0.0 <= self.dropout < 1.0:
+                raise ConfigError(f"attention.dropout={self.dropout}: must be in [0, 1)")
+
     def __init__(self, cfg: Config, d_model: int, n_heads: int, *, cross: bool = False):
         super().__init__()
         if d_model % n_heads:

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from modforge.data.base import LABELS
-from modforge.data.corpus import existing_file, open_text
+from modforge.data.corpus import existing_file, open_text, refuse_binary
 from modforge.data.examples import ExamplesData, collate_labeled, hold_out
 from modforge.data.tokenizers import BOS, TokenizedDataConfig, Tokenizer
 from modforge.registry import ConfigError, register
@@ -73,6 +73,8 @@ def _read_rows(path, text_field, label_field, key, delimiter, encoding) -> list[
         out = []
         for row in reader:
             text, label = row.get(text_field), row.get(label_field)
+            if text is not None:
+                refuse_binary(text, path, key)
             if text is None or label is None or label == "":
                 raise ConfigError(f"{key}={path}, line {reader.line_num}: missing {text_field!r} or "
                                   f"{label_field!r} value.")

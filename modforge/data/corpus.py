@@ -125,7 +125,10 @@ def open_text(path: str, key: str, encoding: str = "utf-8", **kw: Any) -> Iterat
     try:
         with open(path, encoding=encoding, **kw) as fh:
             yield fh
-    except UnicodeDecodeError:
+    except UnicodeError as e:
+        if not isinstance(e, UnicodeDecodeError):  # e.g. utf-16 without its byte-order mark
+            raise ConfigError(f"{key}={path}: not valid {encoding} text ({e}); set data.encoding= to the file's "
+                              "encoding") from None
         offset, byte = first_bad_byte(path, encoding)
         raise ConfigError(
             f"{key}={path}: not valid {encoding} text at byte {offset} (0x{byte:02x}); if the file is in another "
@@ -156,7 +159,8 @@ def refuse_binary(text: str, path: str, key: str) -> None:
 
 def check_encoding(encoding: str) -> None:
     try:
-        codecs.lookup(encoding)
+        if not getattr(codecs.lookup(encoding), "_is_text_encoding", True):  # rot13, base64, hex: not text
+            raise LookupError(encoding)
     except LookupError:
         raise ConfigError(f"data.encoding={encoding}: not a text encoding Python knows (e.g. utf-8, latin-1, "
                           "cp1252, utf-16)") from None

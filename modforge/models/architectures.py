@@ -34,6 +34,10 @@ class ModelConfig:
             raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
+        if self.d_ff is not None and self.d_ff < 1:
+            raise ConfigError(f"model.d_ff={self.d_ff}: must be >= 1 (or null: 4 * d_model)")
+        if not self.init_std > 0:
+            raise ConfigError(f"model.init_std={self.init_std}: must be > 0")
 
     @property
     def ff(self) -> int:

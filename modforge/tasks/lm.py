@@ -16,6 +16,13 @@ class CausalLMConfig(TaskConfig):
     sample_temperature: float = 0.8
     sample_top_k: int = 0  # 0: no top-k filter
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sample_chars < 0 or self.sample_top_k < 0 or not self.sample_temperature > 0:
+            raise ConfigError(f"task.sample_chars={self.sample_chars}, task.sample_top_k={self.sample_top_k}, "
+                              f"task.sample_temperature={self.sample_temperature}: chars >= 0, top_k >= 0, "
+                              "temperature > 0")
+
 
 @register("task", "causal_lm", config=CausalLMConfig, defaults={"data": "stdlib"})
 class CausalLM(Task):
