@@ -49,6 +49,8 @@ def validate(cfg: DictConfig) -> None:
         from modforge.tasks.base import check_fit
 
         check_fit(typed["task"][0], typed["model"][0], typed["data"][0])
+    if "data" in typed:
+        typed["data"][0].cls.check_files(typed["data"][1])
     if "data" in typed and "model" in typed:
         (data_entry, data), (_, model) = typed["data"], typed["model"]
         check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")

@@ -174,6 +174,8 @@ TRAIN = [
     (["norm=null"], "must be a string"),
     (["-m", "optim.lr=interval(0.001,0.01)"], "the sweep cannot be expanded into jobs"),
     (["data.encoding=rot13"], "data.encoding=rot13"),
+    (["-m", "data=text", "data.path={latin},/nonexistent/b.txt"], "1 of 2 jobs are invalid"),
+    (["model=encoder_decoder", "data=parallel", "data.path=/nonexistent/p.tsv"], "data.path=/nonexistent/p.tsv"),
 ]
 
 GENERATE = [

@@ -67,6 +67,11 @@ class DataModule(L.LightningDataModule):
         Default: the config's ``positions`` property, if it has one."""
         return getattr(cfg, "positions", None)
 
+    @classmethod
+    def check_files(cls, cfg: Any) -> None:
+        """Check, before any work, that the files the config names exist (each of a sweep's jobs is checked
+        before the first trains); reading them is :meth:`prepare`'s. Default: nothing to check."""
+
     def prepare(self, tokenizer: Optional[Tokenizer] = None) -> DataFacts:
         """Read the data, fit the tokenizer (or use ``tokenizer``), and return what was learnt (once)."""
         if self.facts is None:

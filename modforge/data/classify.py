@@ -141,6 +141,12 @@ class ClassifyData(ExamplesData):
     collate = staticmethod(collate_labeled)
     provides = LABELS
 
+    @classmethod
+    def check_files(cls, cfg: ClassifyDataConfig) -> None:
+        existing_file(cfg.path, "data.path", "a CSV or JSONL file of (text, label) examples")
+        if cfg.val_path:
+            existing_file(cfg.val_path, "data.val_path", "a CSV or JSONL file of (text, label) examples")
+
     def read(self) -> tuple[list, list]:
         c = self.cfg
         rows = read_examples(c.path, c, "data.path")

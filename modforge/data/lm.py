@@ -202,6 +202,11 @@ def download(url: str, dest: Path, sha256: Optional[str] = None, timeout: float 
 class TinyShakespeareData(TextLMData):
     """Tiny Shakespeare (40k lines of plays, 1.1M characters): the character-level benchmark; 90/10 split."""
 
+    @classmethod
+    def check_files(cls, cfg: TinyShakespeareConfig) -> None:
+        if cfg.path:
+            cls(cfg).local_path()
+
     def local_path(self) -> Path:
         c = self.cfg
         if c.path:
@@ -245,6 +250,10 @@ class TextFilesConfig(TextDataConfig):
 @register("data", "text", config=TextFilesConfig)
 class TextFilesData(TextLMData):
     """Local text files (paths or globs), joined in order; the first 1 - val_fraction of the characters train."""
+
+    @classmethod
+    def check_files(cls, cfg: TextFilesConfig) -> None:
+        expand_paths(cfg.path, "data.path")
 
     def corpus(self) -> Corpus:
         return FilesCorpus(expand_paths(self.cfg.path, "data.path"), encoding=self.cfg.encoding)

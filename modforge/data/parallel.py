@@ -108,6 +108,12 @@ class ParallelData(ExamplesData):
     collate = staticmethod(collate_pairs)
     provides = PAIRS
 
+    @classmethod
+    def check_files(cls, cfg: ParallelConfig) -> None:
+        for key in ("path", "src_path", "tgt_path", "val_path", "val_src_path", "val_tgt_path"):
+            if getattr(cfg, key):
+                existing_file(getattr(cfg, key), f"data.{key}", "a text file of the parallel data")
+
     def read(self) -> tuple[list, list]:
         c = self.cfg
         e = c.encoding
