@@ -19,7 +19,8 @@ CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
 
 ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,)}
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null"}
-PRESET_GROUPS = ("experiment", "trainer")
+PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
+                 "trainer": "lightning.Trainer settings (conf/trainer/)"}  # the YAML-only groups
 
 
 @contextlib.contextmanager
@@ -93,7 +94,7 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
         values = _values(ov)
         if key.startswith("hydra/") or (head in PRESET_GROUPS and not sub) or (
                 head not in kinds and head not in ROOT_KEYS and head != "trainer" and loader.get_group_options(key)):
-            _check_preset(key, values, loader)
+            check_preset(key, values, loader)
             continue
         if head in nested:
             raise registry.ConfigError(
@@ -137,8 +138,16 @@ def _values(ov: Any) -> list:
         return []
 
 
-def _check_preset(group: str, values: list, loader: Any) -> None:
-    options = [o for o in loader.get_group_options(group) if o != "lightning"]
+def preset_options(group: str, loader: Any = None) -> list[str]:
+    """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
+    if loader is None:
+        with hydra_loader() as loader:
+            return preset_options(group, loader)
+    return [o for o in loader.get_group_options(group) if o != "lightning"]  # trainer/lightning: the schema
+
+
+def check_preset(group: str, values: list, loader: Any) -> None:
+    options = preset_options(group, loader)
     for v in values:
         if v is not None and str(v) not in options:
             raise registry.ConfigError(
@@ -172,7 +181,7 @@ def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
         return [args]
     parsed = _parse(args, loader)
     fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
-    cfg = _compose(fixed, hydra=True)
+    cfg = compose_job(fixed, hydra=True)
     grid = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
     try:
         batches = BasicSweeper.split_arguments(_parse(grid + args, loader), None)
@@ -183,7 +192,8 @@ def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
     return [job for batch in batches for job in batch]
 
 
-def _compose(overrides: list, hydra: bool = False) -> DictConfig:
+def compose_job(overrides: list, hydra: bool = False) -> DictConfig:
+    """Compose one job's config (its overrides already checked); any composition error is one ConfigError."""
     from hydra import compose as h_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -257,6 +267,6 @@ def compose(overrides: Optional[list] = None) -> DictConfig:
     load_all()
     overrides = list(overrides or [])
     check_overrides(overrides)
-    return _compose(overrides)
+    return compose_job(overrides)
 
 

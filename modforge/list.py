@@ -14,9 +14,8 @@ from typing import Optional
 from modforge import registry
 from modforge.builtins import load_all
 from modforge.cli import command
+from modforge.config import PRESET_GROUPS, check_preset, hydra_loader, preset_options
 
-PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
-                 "trainer": "lightning.Trainer settings (conf/trainer/)"}
 
 
 def _kind_header(kind: str) -> str:
@@ -38,29 +37,11 @@ def render_kind(kind: str) -> list[str]:
     return lines
 
 
-def _hydra_loader():
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from modforge.config import CONF_DIR
-
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return GlobalHydra.instance().config_loader()
-
-
-def preset_options(group: str) -> list[str]:
-    """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
-    options = _hydra_loader().get_group_options(group)
-    return [o for o in options if o != "lightning"]  # trainer/lightning is the schema the presets inherit
-
-
 def render_preset(group: str, name: str) -> str:
     """One preset: who provides it, where it lives, and its YAML as written (comments included)."""
-    options = preset_options(group)
-    if name not in options:
-        raise registry.ConfigError(f"Unknown {group} '{name}'.{registry.suggest(name, options)} "
-                                   f"Available {group} options: {', '.join(options)}.")
-    found = _hydra_loader().repository.load_config(f"{group}/{name}")
+    with hydra_loader() as loader:
+        check_preset(group, [name], loader)
+        found = loader.repository.load_config(f"{group}/{name}")
     where = found.path
     if where.startswith("file://"):
         path = Path(where[len("file://"):]) / group / f"{name}.yaml"

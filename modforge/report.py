@@ -41,7 +41,7 @@ import yaml
 
 from modforge import stats
 from modforge.cli import command
-from modforge.registry import ModforgeError
+from modforge.registry import ModforgeError, suggest
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
@@ -417,8 +417,6 @@ def parse_args(argv: list[str]) -> dict:
     for a in argv[1:]:
         key, eq, value = a.partition("=")
         if not eq or key not in OPTIONS:
-            from modforge.registry import suggest
-
             raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
         args[key] = value
     args["over_given"] = any(a.startswith("over=") for a in argv[1:])
@@ -445,8 +443,6 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
         have = sorted({k for j in jobs for k in j.overrides}, key=natural)
         for k in over:
             if k not in have:
-                from modforge.registry import suggest
-
                 raise ReportError(f"over={a['over']}: no job has the key '{k}'.{suggest(k, have)} "
                                   f"Keys of the jobs: {', '.join(have) or 'none'}.")
     shared, varying = shared_overrides(jobs, over, swept_keys(Path(a["dir"])))
@@ -462,8 +458,6 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
         if not have:
             raise ReportError("no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)"
                               + "".join(f"; {j.status}: {j.name} ({j.error})" for j in jobs if j.error)[:600])
-        from modforge.registry import suggest
-
         raise ReportError(f"metric={a['metric']}: no job reports it.{suggest(a['metric'], have)} "
                           f"Metrics that exist: {', '.join(have)}.")
     return tables, shared

@@ -95,12 +95,19 @@ def check_trainer_values(t: Any) -> None:
     settings = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items()
                 if k not in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary")}
     try:
+        import logging
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            L.Trainer(**settings, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False)
+        quiet = logging.getLogger("lightning.pytorch")  # its "GPU available" lines and tips belong to the real run
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                L.Trainer(**settings, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+        finally:
+            quiet.setLevel(level)
     except Exception as e:  # noqa: BLE001 - Lightning's MisconfigurationException, ValueError, TypeError ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         named = [k for k in settings if f"{k}=" in first] or [k for k in settings if k in first]
@@ -124,13 +131,14 @@ def user_override_keys(argv: Optional[list] = None) -> list:
     return [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")]
 
 
-def resumed_config(cfg: DictConfig, resume: str, user_keys: list) -> DictConfig:
+def resumed_config(cfg: DictConfig, resume: str, user_keys: list, ckpt: Optional[dict] = None) -> DictConfig:
     """The config a resumed run trains with: every component group (model, data and its tokenizer, task,
     norm, ..., optimizer, schedule) from the checkpoint, the rest (trainer, seed, ...) from the command line.
     A command-line key that would change a component is refused, naming it; so is a run that has finished."""
     from omegaconf import open_dict
 
-    ckpt = read_checkpoint(resume, "resume")  # weights only: a file that would run code is refused, in one line
+    if ckpt is None:  # weights only: a file that would run code is refused, in one line
+        ckpt = read_checkpoint(resume, "resume")
     saved = ckpt["hyper_parameters"]["run_cfg"]
     groups = [g for g in registry.group_kinds() if g in saved]
     for key in user_keys:
@@ -200,9 +208,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if resume:
         from modforge.data.base import DataFacts
 
-        cfg = resumed_config(cfg, resume, user_override_keys())
+        ckpt = read_checkpoint(resume, "resume")
+        cfg = resumed_config(cfg, resume, user_override_keys(), ckpt)
         # the model's own tokenizer: text is read with the ids it was trained on, never refitted
-        tokenizer = DataFacts.from_state(facts_state(read_checkpoint(resume, "resume"))).tokenizer
+        tokenizer = DataFacts.from_state(facts_state(ckpt)).tokenizer
+        del ckpt  # Lightning loads it again for the weights, optimizer and loops
     out_dir.mkdir(parents=True, exist_ok=True)
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
@@ -360,7 +370,7 @@ _HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-
 def preflight(argv: list, multirun: bool) -> int:
     """Check the command line, then compose and validate every job it runs (each of a sweep's) before the
     first one starts; all invalid jobs are named at once. Returns the number of jobs."""
-    from modforge.config import _compose, check_output_dir, hydra_loader, job_overrides
+    from modforge.config import compose_job, check_output_dir, hydra_loader, job_overrides
 
     words, rest = [], iter(argv)
     for a in rest:
@@ -380,17 +390,19 @@ def preflight(argv: list, multirun: bool) -> int:
         bad = []
         for i, job in enumerate(jobs):
             try:
-                cfg = _compose(job, hydra=(i == 0))
-                if i == 0:
-                    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-                    check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
+                cfg = compose_job(job, hydra=(i == 0))
+            except registry.ConfigError as e:
+                bad.append((i, job, e))
+                continue
+            if i == 0:  # the run (or sweep) directory is the command's, not a job's: it fails at once
+                key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+                check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
+            try:
                 validate(cfg)
                 resume = resume_path(cfg.get("resume"))
                 if resume:
                     resumed_config(cfg, resume, user_override_keys(job))
             except registry.ConfigError as e:
-                if i == 0 and "hydra." in str(e).split(":")[0]:
-                    raise
                 bad.append((i, job, e))
     if len(jobs) == 1 and bad:
         raise bad[0][2]
@@ -408,7 +420,8 @@ def main(argv: Optional[list] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with one_line_errors():
         load_all()
-        if not any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
+        relaunched_rank = os.environ.get("LOCAL_RANK", "0") != "0"  # a DDP rank Lightning started: rank 0 checked
+        if not relaunched_rank and not any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
             preflight(argv, multirun=any(a in ("-m", "--multirun") for a in argv))
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
