@@ -1,45 +1,198 @@
-"""Lightning callbacks and plugins of our own (the rest are Lightning's)."""
+"""Lightning callbacks and plugins of our own (the rest are Lightning's).
+
+* :class:`RunRecord`: timers, global RNG states and the step-0 loss, carried in every checkpoint so that a
+  resumed run continues bit for bit and reports times for the whole run;
+* :class:`DivergenceStop`: stops a run whose training loss stays non-finite, remembering the last finite values;
+* :class:`Checkpoints`: Lightning's ``ModelCheckpoint``, silent once a run has diverged;
+* :class:`AtomicCheckpointIO`: checkpoints written whole or not at all;
+* :class:`AppendingCSVLogger`: Lightning's CSV logger, continuing a resumed run's ``metrics.csv``;
+* :func:`injected_faults`: test hooks that kill or fail a run at a chosen step or checkpoint write.
+"""
+import math
+import os
+import random
+import signal
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from modforge.io import atomic_file, remove_stale_temporaries
 
 
-class TrainTimer(L.Callback):
-    """Wall time of training, excluding validation: the denominator of tokens/second.
+# --------------------------------------------------------------------------- RNG states
 
-    Everything between the first and the last training batch counts (data
-    loading, forward, backward, optimizer, Lightning's own per-step work);
-    validation loops inside that span are subtracted.
+def rng_states() -> dict:
+    """Every global random state a training step may draw from, as types a ``weights_only`` load accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
+              "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class RunRecord(L.Callback):
+    """What a run carries across a resume besides weights, optimizer, schedule and loops (Lightning's part).
+
+    * time: ``train_seconds`` (first to last training batch, validation excluded: the denominator of
+      tokens/s), ``fit_seconds`` (inside ``Trainer.fit``) and ``wall_seconds`` (the whole command), summed
+      over the sessions that produced the final state: work a killed session did after its last
+      checkpoint is redone and counted once;
+    * the global RNG states (torch, CUDA, numpy, Python) at the checkpoint, set again just before the
+      resumed run's first training step, so dropout and masking draw what they would have drawn;
+    * the validation loss at step 0 and the steps the run was resumed at.
     """
 
-    def __init__(self):
-        self.train_seconds = 0.0
-        self._t0 = None
-        self._val_t0 = None
+    def __init__(self, started: Optional[float] = None):
+        self.started = time.perf_counter() if started is None else started  # this session's start
+        self.train_before = self.fit_before = self.wall_before = 0.0
+        self.val_loss_at_start: Optional[float] = None
+        self.resumed_at: list[int] = []
+        self._train_t0: Optional[float] = None
+        self._val_t0: Optional[float] = None
+        self._fit_t0: Optional[float] = None
+        self._val_seconds = 0.0  # validation inside this session's training span
+        self._rng: Optional[dict] = None
+        self._resumed_step: Optional[int] = None
+
+    # ----------------------------------------------------------------- clocks
+    def fit_started(self) -> None:
+        self._fit_t0 = time.perf_counter()
+
+    @property
+    def train_seconds(self) -> float:
+        if self._train_t0 is None:
+            return self.train_before
+        now = time.perf_counter()
+        val = self._val_seconds + (now - self._val_t0 if self._val_t0 is not None else 0.0)
+        return self.train_before + (now - self._train_t0) - val
+
+    @property
+    def fit_seconds(self) -> float:
+        return self.fit_before + (time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0)
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
 
     def on_train_start(self, trainer, pl_module):
-        self._t0 = time.perf_counter()
+        if self._rng is not None:  # nothing between here and the first step draws from them
+            set_rng_states(self._rng)
+            self._rng = None
+        if self._resumed_step is not None:
+            self.resumed_at.append(self._resumed_step)
+            self._resumed_step = None
+        self._train_t0, self._val_seconds = time.perf_counter(), 0.0
 
     def on_validation_start(self, trainer, pl_module):
-        if self._t0 is not None:
+        if self._train_t0 is not None:
             self._val_t0 = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module):
         if self._val_t0 is not None:
-            self.train_seconds -= time.perf_counter() - self._val_t0
+            self._val_seconds += time.perf_counter() - self._val_t0
             self._val_t0 = None
 
     def on_train_end(self, trainer, pl_module):
-        if self._t0 is not None:
-            self.train_seconds += time.perf_counter() - self._t0
-            self._t0 = None
+        self.train_before, self._train_t0 = self.train_seconds, None
 
+    # ----------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        return {"train_seconds": self.train_seconds, "fit_seconds": self.fit_seconds,
+                "wall_seconds": self.wall_seconds, "val_loss_at_start": self.val_loss_at_start,
+                "resumed_at": list(self.resumed_at)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.train_before = float(state.get("train_seconds", 0.0))
+        self.fit_before = float(state.get("fit_seconds", 0.0))
+        self.wall_before = float(state.get("wall_seconds", 0.0))
+        self.val_loss_at_start = state.get("val_loss_at_start")
+        self.resumed_at = list(state.get("resumed_at", []))
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        self._rng = checkpoint.get("rng_states")
+        self._resumed_step = int(checkpoint.get("global_step", 0))
+
+
+# --------------------------------------------------------------------------- divergence
+
+class DivergenceStop(L.Callback):
+    """Stop a run whose training loss is non-finite (NaN or inf) ``patience`` steps in a row.
+
+    Remembers the last finite training loss and the last validation whose metrics were all finite, and
+    the step the run diverged at; :class:`Checkpoints` writes nothing after it, so ``last.ckpt`` stays
+    the last finite state. ``patience=None`` never stops (non-finite losses are then only recorded).
+    """
+
+    def __init__(self, patience: Optional[int]):
+        self.patience = patience
+        self.bad_steps = 0
+        self.diverged_at: Optional[int] = None
+        self.last_train: Optional[dict] = None  # {"step", "train/loss"}
+        self.last_val: Optional[dict] = None  # {"step", "val/...": ...}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        value = float(loss.detach())
+        if math.isfinite(value):
+            self.bad_steps = 0
+            self.last_train = {"step": trainer.global_step, "train/loss": value}
+            return
+        self.bad_steps += 1
+        if self.patience is not None and self.bad_steps >= self.patience and self.diverged_at is None:
+            self.diverged_at = trainer.global_step
+            trainer.should_stop = True
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or self.diverged_at is not None:
+            return
+        val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if val and all(math.isfinite(v) for v in val.values()):
+            self.last_val = {"step": trainer.global_step, **val}
+
+    def state_dict(self) -> dict:
+        return {"bad_steps": self.bad_steps, "last_train": self.last_train, "last_val": self.last_val}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bad_steps = int(state.get("bad_steps", 0))
+        self.last_train, self.last_val = state.get("last_train"), state.get("last_val")
+
+
+class Checkpoints(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, writing nothing once ``divergence`` has stopped the run."""
+
+    def __init__(self, divergence: DivergenceStop, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.divergence = divergence
+
+    def _should_skip_saving_checkpoint(self, trainer: "L.Trainer") -> bool:
+        return self.divergence.diverged_at is not None or super()._should_skip_saving_checkpoint(trainer)
+
+
+# --------------------------------------------------------------------------- writing checkpoints
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints on local disk written to a temporary file beside the target, fsynced, then renamed.
@@ -52,9 +205,84 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     removed at the next save. Remote URLs (``s3://`` ...) keep Lightning's path.
     """
 
+    saves = 0  # checkpoint files written by this process (what a "kill@save=N" fault counts)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         remove_stale_temporaries(Path(path))
+        AtomicCheckpointIO.saves += 1
         with atomic_file(Path(path), "wb", durable=True) as fh:
             torch.save(checkpoint, fh)
+            if injected_fault("kill", "save", AtomicCheckpointIO.saves):  # mid-write: the file is not renamed yet
+                fh.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- logging
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer deletes an existing ``metrics.csv``; this one continues it (its columns kept)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            import csv
+
+            with open(self.metrics_file_path, newline="", encoding="utf-8") as fh:
+                self.metrics_keys = sorted(next(csv.reader(fh), []))
+
+
+class AppendingCSVLogger(CSVLogger):
+    """``CSVLogger`` whose ``metrics.csv`` a resumed run appends to (trimmed to its checkpoint's step first,
+    by :func:`modforge.runs.trim_metrics_csv`), so the file reads as one uninterrupted run's."""
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+# --------------------------------------------------------------------------- injected faults (tests)
+
+FAULT_ENV = "MODFORGE_FAULT"
+
+
+def injected_fault(action: str, where: str, n: int) -> bool:
+    """Whether ``$MODFORGE_FAULT`` asks for ``action`` ("kill", "raise") at ``where`` ("step", "save") number n.
+
+    The variable holds comma-separated faults ``ACTION@WHERE=N`` with an optional ``@job=J`` (only in job
+    #J of a sweep), e.g. ``kill@step=7@job=1``: how the tests kill a run at a chosen step, or while it
+    writes a checkpoint, or make one job of a sweep fail. Unset, nothing happens.
+    """
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return False
+    for fault in spec.split(","):
+        parts = fault.strip().split("@")
+        fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        if parts[0] != action or fields.get(where) != str(n):
+            continue
+        if "job" in fields and fields["job"] != str(_job_num()):
+            continue
+        return True
+    return False
+
+
+def _job_num() -> Optional[int]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().job.get("num") if HydraConfig.initialized() else None
+
+
+class FaultInjector(L.Callback):
+    """Acts on ``$MODFORGE_FAULT``'s ``kill@step=N`` (SIGKILL, as the OOM killer would) and ``raise@step=N``
+    (an exception) after training step N. Added to the Trainer only when the variable is set."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if injected_fault("kill", "step", step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if injected_fault("raise", "step", step):
+            raise RuntimeError(f"fault injected at step {step} ({FAULT_ENV})")

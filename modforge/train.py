@@ -120,27 +120,34 @@ RESUME_FREE_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.enc
                     "task.sample_prompt", "task.sample_temperature", "task.sample_top_k")
 
 
-def user_override_keys(argv: Optional[list] = None) -> list:
-    """The keys the user set on the command line (this job's, in a sweep); [] when unknown (in-process use)."""
+def user_override_keys(argv: Optional[list] = None) -> Optional[list]:
+    """The keys the user set on the command line (this job's, in a sweep); None when unknown (in-process use:
+    the config given is taken as meant, key by key)."""
     if argv is None:
         from hydra.core.hydra_config import HydraConfig
 
         if not HydraConfig.initialized():
-            return []
+            return None
         argv = list(HydraConfig.get().overrides.task)
     return [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")]
 
 
-def resumed_config(cfg: DictConfig, resume: str, user_keys: list, ckpt: Optional[dict] = None) -> DictConfig:
-    """The config a resumed run trains with: every component group (model, data and its tokenizer, task,
-    norm, ..., optimizer, schedule) from the checkpoint, the rest (trainer, seed, ...) from the command line.
-    A command-line key that would change a component is refused, naming it; so is a run that has finished."""
+def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt: Optional[dict] = None,
+                   finished_ok: bool = False) -> DictConfig:
+    """The config a resumed run trains with: the saved run's, with the keys this command line sets on top
+    (trainer.*, seed, where the data lives ...; keys the run predates take today's defaults). When the keys set
+    are not known (``user_keys`` None: a config composed in-process), every key but the components is ``cfg``'s.
+    A command-line key that would change a component is refused, naming it; so is a run that has finished
+    (unless ``finished_ok``: a run killed after its last checkpoint and before its final record)."""
     from omegaconf import open_dict
 
     if ckpt is None:  # weights only: a file that would run code is refused, in one line
         ckpt = read_checkpoint(resume, "resume")
     saved = ckpt["hyper_parameters"]["run_cfg"]
     groups = [g for g in registry.group_kinds() if g in saved]
+    if user_keys is None:
+        saved = {g: saved[g] for g in groups}
+        user_keys = [k for k in cfg if k not in groups and k != "hydra"]
     for key in user_keys:
         head = key.split(".")[0].split("/")[0]
         if head not in groups or key in RESUME_FREE_KEYS:
@@ -154,20 +161,27 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: list, ckpt: Optional
                 f"{key}={now}: the run being resumed has {key}={was}; a resumed run keeps its model, data, "
                 "tokenizer, task and optimizer (only trainer.*, seed and the like may change). "
                 "To train a changed configuration, start a new run without resume=")
-    step, max_steps = int(ckpt.get("global_step", 0)), cfg.trainer.max_steps
-    if max_steps > 0 and step >= max_steps:
+    # the run as it was (keys it did not have yet: today's defaults), then what this command line sets
+    base = cfg.copy()
+    with open_dict(base):
+        base.pop("hydra", None)
+    merged = OmegaConf.merge(base, OmegaConf.create(saved))
+    with open_dict(merged):
+        for key in user_keys:
+            head = key.split(".")[0].split("/")[0]
+            if (head in groups and key not in RESUME_FREE_KEYS) or key == "resume":
+                continue  # components stay the checkpoint's (checked above)
+            value = OmegaConf.select(cfg, key, default="<absent>")
+            if not isinstance(value, str) or value != "<absent>":
+                OmegaConf.update(merged, key, value, merge=False)
+        merged.resume = cfg.get("resume")
+    step, max_steps = int(ckpt.get("global_step", 0)), merged.trainer.max_steps
+    if max_steps > 0 and step >= max_steps and not finished_ok:
         raise registry.ConfigError(
             f"resume={resume}: that run has finished (step {step} of trainer.max_steps={max_steps}); to train it "
             f"further, raise the limit, e.g. resume={resume} trainer.max_steps={2 * step}")
-    free = {k: OmegaConf.select(cfg, k) for k in user_keys if k in RESUME_FREE_KEYS}
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        for g in groups:
-            cfg[g] = OmegaConf.create(saved[g])
-        for k, v in free.items():  # keys that change how, not what, is trained
-            OmegaConf.update(cfg, k, v, merge=False)
-    validate(cfg)
-    return cfg
+    validate(merged)
+    return merged
 
 
 def check_positions(longest: Optional[int], max_len: int, what: str) -> None:
@@ -189,31 +203,74 @@ def check_trainer_keys(trainer_cfg: Any) -> None:
         check_trainer_key(key)
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Train one configuration; write config.yaml, checkpoints, CSV logs and metrics.json to ``out_dir``."""
-    import lightning as L
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
+FOLLOW_ENV = "MODFORGE_RESUMED_FROM"  # rank 0's resume decision, for the DDP ranks Lightning starts
 
-    from modforge.callbacks import AtomicCheckpointIO, TrainTimer
+
+class RunDirTaken(registry.ConfigError):
+    """The output directory holds another run: nothing may be written there (not even a failure record)."""
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Train one configuration in ``out_dir``: config.yaml, checkpoints, CSV logs, then metrics.json.
+
+    ``out_dir`` may already hold this run: finished, it is left as it is; interrupted (killed, failed,
+    preempted), it continues from its ``checkpoints/last.ckpt`` in place, exactly where it stopped; with no
+    checkpoint it starts again. A directory holding a run of another configuration is refused.
+    ``resume=`` continues the run it names: in place when that is ``out_dir``'s own, else in ``out_dir``.
+    """
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor
     from torch import nn
 
+    from modforge.callbacks import (FAULT_ENV, AppendingCSVLogger, AtomicCheckpointIO, Checkpoints, DivergenceStop,
+                                    FaultInjector, RunRecord)
     from modforge.io import write_json, write_text
+    from modforge.runs import FINAL, clear_records, config_difference, read_state, trim_metrics_csv
 
     t_start = time.perf_counter()
     load_all()
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
+    follower = os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ  # a DDP rank: rank 0 decided
+    in_place = False
+    if follower:
+        resume = os.environ[FOLLOW_ENV] or None
+    else:
+        state = read_state(out_dir)
+        if resume:
+            in_place = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
+            if state.holds_run and not in_place:
+                raise RunDirTaken(f"{out_dir} holds another run ({state.status}); resume it there with "
+                                  f"resume={out_dir}, or choose an empty hydra.run.dir")
+        elif state.holds_run:
+            diff = config_difference(state.config, to_plain(cfg)) if state.config is not None else []
+            if diff or state.config is None and state.status != "interrupted":
+                raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff) or state.status})"
+                                  "; choose an empty hydra.run.dir (or hydra.sweep.dir)")
+            if state.status in FINAL:
+                print(f"[modforge] {out_dir} holds this run, {state.status} already: nothing to do "
+                      "(delete the directory to train it again)")
+                return state.metrics
+            if state.checkpoint is not None:
+                resume, in_place = str(state.checkpoint), True
+            else:
+                clear_records(out_dir)  # interrupted before its first checkpoint: from step 0
     tokenizer = None
+    ckpt_step = 0
     if resume:
         from modforge.data.base import DataFacts
 
         ckpt = read_checkpoint(resume, "resume")
-        cfg = resumed_config(cfg, resume, user_override_keys(), ckpt)
+        ckpt_step = int(ckpt.get("global_step", 0))
+        cfg = resumed_config(cfg, resume, user_override_keys(), ckpt, finished_ok=in_place)
         # the model's own tokenizer: text is read with the ids it was trained on, never refitted
         tokenizer = DataFacts.from_state(facts_state(ckpt)).tokenizer
         del ckpt  # Lightning loads it again for the weights, optimizer and loops
     out_dir.mkdir(parents=True, exist_ok=True)
+    if in_place and not follower:
+        trim_metrics_csv(out_dir / "logs" / "metrics.csv", ckpt_step)
+        with contextlib.suppress(FileNotFoundError):
+            (out_dir / "status.json").unlink()  # a failure being retried
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -228,47 +285,78 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     n_embedding = sum(p.numel() for p in {p for m in task.model.modules() if isinstance(m, nn.Embedding)
                                            for p in m.parameters()})
 
-    timer = TrainTimer()
-    ckpt = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss", mode="min",
-                           save_top_k=1, save_last=True, auto_insert_metric_name=False)
-    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), default_root_dir=str(out_dir),
-                        logger=CSVLogger(str(out_dir), name="logs", version=""),
-                        callbacks=[ckpt, LearningRateMonitor(logging_interval="step"), timer],
-                        plugins=[AtomicCheckpointIO()])
+    record = RunRecord(started=t_start)
+    divergence = DivergenceStop(cfg.divergence_patience)
+    ckpt_cb = Checkpoints(divergence, dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss",
+                          mode="min", save_top_k=1, save_last=True, auto_insert_metric_name=False)
+    callbacks = [ckpt_cb, LearningRateMonitor(logging_interval="step"), record, divergence]
+    if os.environ.get(FAULT_ENV):
+        callbacks.append(FaultInjector())
+    with _quiet_about_existing_records(in_place):
+        trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), default_root_dir=str(out_dir),
+                            logger=AppendingCSVLogger(str(out_dir), name="logs", version=""), callbacks=callbacks,
+                            plugins=[AtomicCheckpointIO()])
 
-    start_loss: Optional[float] = None
     if cfg.eval_at_start and not resume:
-        start_loss = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
-    t_fit = time.perf_counter()
-    trainer.fit(task, datamodule=dm, ckpt_path=resume, weights_only=True)
-    fit_seconds = time.perf_counter() - t_fit
-    final = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+        record.val_loss_at_start = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
+    record.fit_started()
+    os.environ[FOLLOW_ENV] = resume or ""  # DDP ranks started inside fit() resume from the same checkpoint
+    try:
+        with _quiet_about_existing_records(in_place):
+            trainer.fit(task, datamodule=dm, ckpt_path=resume, weights_only=True)
+    finally:
+        os.environ.pop(FOLLOW_ENV, None)
+    fit_seconds = record.fit_seconds
+    tokens = task.tokens_seen * trainer.world_size  # every rank sees its own shard
 
-    diverged = not all(math.isfinite(v) for v in final.values())
-    metrics = {
-        "status": "diverged" if diverged else "finished",  # diverged: a non-finite validation metric (written null)
-        "val": final,
-        "val_loss_at_start": start_loss,
+    metrics: dict = {"status": "finished"}
+    if divergence.diverged_at is not None:  # stopped: the last finite values, no evaluation of NaN weights
+        last_val = dict(divergence.last_val or {})
+        metrics.update(status="diverged", diverged_at_step=divergence.diverged_at,
+                       val_step=last_val.pop("step", None), val=last_val,
+                       last_finite_train=divergence.last_train)
+    else:
+        metrics["val"] = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+        if not all(math.isfinite(v) for v in metrics["val"].values()):
+            metrics["status"] = "diverged"  # a non-finite validation metric (written null)
+    metrics.update({
+        "val_loss_at_start": record.val_loss_at_start,
         **{k: v for k, v in facts.stats.items() if k == "unigram_val_loss"},
         "params": n_params,
         "params_non_embedding": n_params - n_embedding,
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
-        "tokens_seen": task.tokens_seen * trainer.world_size,  # every rank sees its own shard
+        "tokens_seen": tokens,
         "fit_seconds": round(fit_seconds, 2),
-        "train_seconds": round(timer.train_seconds, 2),
-        "tokens_per_sec": (round(task.tokens_seen * trainer.world_size / timer.train_seconds, 1)
-                           if timer.train_seconds > 0 else None),
-        "wall_seconds": round(time.perf_counter() - t_start, 2),
-        "checkpoint": ckpt.last_model_path or None,
+        "train_seconds": round(record.train_seconds, 2),
+        "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
+        "resumed_at_steps": record.resumed_at,
+        "checkpoint": ckpt_cb.last_model_path or (str(out_dir / "checkpoints" / "last.ckpt")
+                                                  if (out_dir / "checkpoints" / "last.ckpt").exists() else None),
         "config": {g: plain[g].get("name") for g in registry.group_kinds() if g in plain},
-    }
-    if cfg.sample and trainer.is_global_zero:
-        metrics["sample"] = task.summary_sample()
+    })
+    if cfg.sample and trainer.is_global_zero and metrics["status"] == "finished":
+        try:
+            metrics["sample"] = task.summary_sample()
+        except Exception as e:  # noqa: BLE001 - the sample is a courtesy: a failure there loses no result
+            metrics["sample_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    metrics["wall_seconds"] = round(record.wall_seconds, 2)
     if trainer.is_global_zero:
         write_json(out_dir / "metrics.json", metrics, indent=2)
         print_summary(metrics, out_dir)
     return metrics
+
+
+@contextlib.contextmanager
+def _quiet_about_existing_records(in_place: bool):
+    """A run continued in place finds its own logs and checkpoints: Lightning's warnings about a non-empty
+    directory are about exactly those."""
+    import warnings
+
+    with warnings.catch_warnings():
+        if in_place:
+            warnings.filterwarnings("ignore", message=r".*(exists and is not empty|Checkpoint directory).*")
+        yield
 
 
 def _val_metrics(results: list) -> dict:
@@ -282,13 +370,20 @@ def print_summary(m: dict, out_dir: Path) -> None:
     names = " ".join(f"{k}={v}" for k, v in m["config"].items())
     print(f"\n== modforge run: {names}")
     val = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m["val"].items()))
-    print(f"   final      {val}")
+    if m.get("diverged_at_step") is not None:
+        last = m.get("last_finite_train") or {}
+        print(f"   DIVERGED   at step {m['diverged_at_step']}: the training loss was not finite "
+              f"(last finite: {last.get('train/loss', float('nan')):.4f} at step {last.get('step', '-')}); stopped")
+        print(f"   last finite validation (step {m.get('val_step', '-')}): {val or 'none'}")
+    else:
+        print(f"   {m['status']:<10} {val}")
     if m.get("val_loss_at_start") is not None:
         extra = f" (unigram model: {m['unigram_val_loss']:.4f})" if "unigram_val_loss" in m else ""
         print(f"   at start   val/loss={m['val_loss_at_start']:.4f}{extra}")
     tps = m["tokens_per_sec"]
+    resumed = f", resumed at step {', '.join(map(str, m['resumed_at_steps']))}" if m.get("resumed_at_steps") else ""
     print(f"   {m['params']:,} parameters (FFN hidden width {m['ffn_hidden']}), {m['steps']} steps, {m['tokens_seen']:,} tokens, "
-          f"{m['train_seconds']:.1f} s training ({tps:,.0f} tokens/s), {m['wall_seconds']:.1f} s wall")
+          f"{m['train_seconds']:.1f} s training ({tps or 0:,.0f} tokens/s), {m['wall_seconds']:.1f} s wall{resumed}")
     if m.get("sample"):
         print("   sample:\n" + "\n".join("   | " + line for line in m["sample"].splitlines()))
     print(f"   outputs: {out_dir}")
@@ -350,17 +445,42 @@ def sweep_job():
 
 @contextlib.contextmanager
 def failure_recorded(out_dir: Path):
-    """A run that raises leaves ``status.json`` (``failed`` and the one-line error) beside its other records, so
-    a sweep's report counts it as failed, not as still running; the exception then goes on as before."""
+    """A run that raises leaves ``status.json`` beside its other records: ``failed`` with the one-line error (and
+    the traceback, for anything but a configuration error), or ``interrupted`` (Ctrl-C, SIGTERM: Lightning
+    turns both into SystemExit); the report and a re-run of the sweep read it. The exception then goes on."""
     try:
         yield
+    except RunDirTaken:
+        raise  # the directory is another run's: nothing is written there
     except BaseException as e:
+        import traceback
+
         from modforge.io import write_json
 
-        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        record = {"status": "failed" if isinstance(e, Exception) else "interrupted",
+                  "error": (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]}
+        if isinstance(e, Exception) and not isinstance(e, registry.ModforgeError):
+            record["traceback"] = "".join(traceback.format_exception(e))
         with contextlib.suppress(OSError):
-            write_json(out_dir / "status.json", {"status": reason, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            if out_dir.is_dir():
+                write_json(out_dir / "status.json", record)
         raise
+
+
+def sweep_job_outcome(cfg: DictConfig, out_dir: Path) -> Optional[dict]:
+    """One job of a sweep: its failure is recorded and reported in one line, and the sweep goes on (Hydra's
+    launchers stop at a SystemExit, Hydra #2551); an interruption (Ctrl-C, SIGTERM) stops the sweep too."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        with failure_recorded(out_dir):
+            return run(cfg, out_dir)
+    except Exception as e:  # noqa: BLE001 - recorded in the job's status.json, counted in the sweep's summary
+        where = "" if isinstance(e, registry.ModforgeError) else f" (traceback in {out_dir / 'status.json'})"
+        first = (str(e).splitlines() or [""])[0]
+        print(f"[modforge] job #{HydraConfig.get().job.num} failed: {type(e).__name__}: {first}{where}",
+              file=sys.stderr)
+        return None
 
 
 _HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc",
@@ -407,33 +527,117 @@ def preflight(argv: list, multirun: bool) -> int:
     if len(jobs) == 1 and bad:
         raise bad[0][2]
     if bad:
+        from modforge import sweep
+
         varying = {o.split("=")[0] for j in jobs for o in j} - {o.split("=")[0] for o in set.intersection(*map(set, jobs))}
         described = "; ".join(f"#{i} ({' '.join(o for o in job if o.split('=')[0] in varying)}): {e}" for i, job, e in bad)
-        raise registry.ConfigError(f"{len(bad)} of {len(jobs)} jobs are invalid, so the sweep does not start: {described}")
+        if not _flag(argv, "skip_invalid") or len(bad) == len(jobs):
+            hint = "" if len(bad) == len(jobs) else " (skip_invalid=true runs the others)"
+            raise registry.ConfigError(f"{len(bad)} of {len(jobs)} jobs are invalid, so the sweep does not start: "
+                                       f"{described}{hint}")
+        print(f"[modforge] skipping {len(bad)} invalid of {len(jobs)} jobs (skip_invalid=true): {described}",
+              file=sys.stderr)
+        sweep.INVALID.update({sweep.job_key(job): str(e) for _, job, e in bad})
     return len(jobs)
+
+
+def _flag(argv: list, key: str) -> bool:
+    """Whether the command line sets the boolean root key ``key`` to true."""
+    return any(a.split("=", 1)[0].lstrip("+") == key and a.split("=", 1)[1].strip().lower() in ("true", "yes", "1")
+               for a in argv if "=" in a)
+
+
+def hydra_value(value: str) -> str:
+    """``value`` as one Hydra override value (quoted when it holds characters the override grammar reads)."""
+    import re
+
+    if re.fullmatch(r"[\w./@%+~:-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def continue_where_recorded(argv: list, multirun: bool) -> list:
+    """``resume=`` rewritten to what it means. With ``-m`` and a sweep directory: the sweep's recorded command
+    again, in that directory (finished jobs skipped, interrupted ones resumed in place); only the sweep's own
+    switches (retry_failed, skip_invalid, dry_run) and hydra.* settings may be added. For a single run's
+    directory: ``hydra.run.dir`` becomes that directory, and Hydra's record of this command goes to
+    ``.hydra/resume-N`` (the run's original command stays in ``.hydra``)."""
+    from modforge import sweep
+
+    given = [a for a in argv if a.split("=", 1)[0] == "resume"]
+    if not given:
+        return argv
+    value = given[-1].split("=", 1)[1]
+    target = Path(value).expanduser()
+    if multirun and (target / "multirun.yaml").is_file():
+        task, hydra_overrides = sweep.sweep_command(target)
+        extra = [a for a in argv if a not in given and a not in ("-m", "--multirun")]
+        for a in extra:
+            key = a.split("=", 1)[0].lstrip("+~")
+            if "=" in a and key not in sweep.SWEEP_KEYS and not key.startswith("hydra"):
+                raise registry.ConfigError(
+                    f"{a}: resume={value} continues the sweep recorded there as it was started; {key} would change "
+                    f"its jobs. Start a new sweep for that (only {', '.join(sweep.SWEEP_KEYS)} and hydra.* may be "
+                    "added)")
+        mine = {a.split("=", 1)[0] for a in extra}
+        kept = [o for o in hydra_overrides if o.split("=", 1)[0] not in mine]
+        return ["-m", *task, *kept, *extra, f"hydra.sweep.dir={hydra_value(str(target))}"]
+    if multirun or any(a.split("=", 1)[0] == "hydra.run.dir" for a in argv):
+        return argv  # a sweep of runs that each start from the checkpoint, or a directory of the user's choice
+    run_dir = target if target.is_dir() else target.parent.parent
+    if not ((run_dir / "config.yaml").is_file() and
+            (target.is_dir() or target.name == "last.ckpt" and target.parent.name == "checkpoints")):
+        return argv  # another checkpoint file (best.ckpt, someone else's): a new run starts from it
+    n = 1 + sum(1 for p in (run_dir / ".hydra").glob("resume-*"))
+    return [*argv, f"hydra.run.dir={hydra_value(str(run_dir))}", f"hydra.output_subdir=.hydra/resume-{n}"]
+
+
+
 
 
 def main(argv: Optional[list] = None) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from modforge import sweep
 
     argv = sys.argv[1:] if argv is None else argv
+    multirun = any(a in ("-m", "--multirun") for a in argv)
     with one_line_errors():
         load_all()
         relaunched_rank = os.environ.get("LOCAL_RANK", "0") != "0"  # a DDP rank Lightning started: rank 0 checked
         if not relaunched_rank and not any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
-            preflight(argv, multirun=any(a in ("-m", "--multirun") for a in argv))
+            argv = continue_where_recorded(argv, multirun)
+            multirun = any(a in ("-m", "--multirun") for a in argv)
+            preflight(argv, multirun)
+            if not multirun and _flag(argv, "dry_run"):
+                from modforge.config import compose_job
+
+                cfg = compose_job([a for a in argv if "=" in a and not a.startswith("-")], hydra=True)
+                print(f"[modforge] dry run, nothing is trained: 1 job ({' '.join(argv) or 'defaults'})\n"
+                      f"       {cfg.hydra.run.dir}")
+                return
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:
         out_dir = Path(HydraConfig.get().runtime.output_dir)
-        with one_line_errors(), sweep_job(), failure_recorded(out_dir):
-            m = run(cfg, out_dir)
-        loss = m["val"].get("val/loss")
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            with sweep_job():
+                m = sweep_job_outcome(cfg, out_dir)
+        else:
+            with one_line_errors(), failure_recorded(out_dir):
+                m = run(cfg, out_dir)
+        loss = (m or {}).get("val", {}).get("val/loss")
         return loss if loss is not None and math.isfinite(loss) else None  # for Hydra sweepers
 
     sys.argv = [sys.argv[0]] + argv
+    sweep.OUTCOME.clear()
     _app()
+    if sweep.OUTCOME.get("summary"):
+        print(sweep.OUTCOME["summary"], file=sys.stderr if sweep.OUTCOME["exit"] else sys.stdout)
+    if sweep.OUTCOME.get("exit"):
+        sys.exit(sweep.OUTCOME["exit"])
 
 
 if __name__ == "__main__":

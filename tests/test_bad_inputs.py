@@ -339,8 +339,9 @@ def test_a_resumed_run_keeps_the_checkpoints_tokenizer_and_may_move_its_data(tmp
 
     cfg = compose(tiny_overrides(steps=4) + ["data=text", f"data.path={moved}", "data.num_workers=0",
                                              f"resume={tmp_path / 'a'}", "sample=false"])
-    adopted = resumed_config(cfg, resume_path(cfg.resume), ["data.path", "data.num_workers"])
-    assert adopted.data.path == str(moved)
+    adopted = resumed_config(cfg, resume_path(cfg.resume), ["data.path", "data.num_workers", "trainer.max_steps"])
+    assert adopted.data.path == str(moved) and adopted.trainer.max_steps == 4
+    assert adopted.trainer.limit_val_batches == 2  # not set on this command line: the run's own
     m = run(cfg, tmp_path / "b")
     from modforge.checkpoints import load_checkpoint
 

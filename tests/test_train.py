@@ -100,7 +100,8 @@ def test_run_resumes_from_last_checkpoint(tmp_path, monkeypatch):
     assert len(steps) == 3 + 3  # only the remaining three steps were trained
     assert second["steps"] == 6
     assert second["tokens_seen"] == 6 * 12 * 64  # the counter is restored, not restarted
-    assert second["val_loss_at_start"] is None
+    assert second["val_loss_at_start"] == first["val_loss_at_start"]  # the run's step-0 loss, from its checkpoint
+    assert second["resumed_at_steps"] == [3]
 
 
 def test_resume_takes_a_run_directory_and_checkpoints_go_through_the_atomic_writer(tmp_path, monkeypatch):

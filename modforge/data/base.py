@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import lightning as L
 
+from modforge.data.loading import ResumableLoader, train_loader
 from modforge.data.tokenizers import Tokenizer, load_tokenizer
 from modforge.registry import declare
 
@@ -87,6 +88,17 @@ class DataModule(L.LightningDataModule):
 
     def setup(self, stage: Optional[str] = None) -> None:
         self.prepare()
+
+    def train_loader(self, dataset: Any, **kwargs: Any) -> ResumableLoader:
+        """The training loader to return from ``train_dataloader``: shuffled and resumable mid-epoch, so a
+        killed run continues with the very batches the uninterrupted run would have drawn
+        (:func:`modforge.data.loading.train_loader`; ``shuffle=False`` for a fixed order)."""
+        return train_loader(dataset, consumed=self._batches_trained, **kwargs)
+
+    def _batches_trained(self) -> Optional[int]:
+        """Batches of the current epoch the Trainer has trained on (it fetches one ahead of that)."""
+        trainer = self.trainer  # set by Lightning while this datamodule is in use
+        return None if trainer is None else trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
 
 declare("data", "dataset / datamodule (chosen by the task unless given)", base=DataModule)

@@ -84,13 +84,12 @@ class ExamplesData(DataModule):
         self.train_set, self.val_set, extra = self.encode(train, val, tok)
         return DataFacts(tok, positions=c.positions, **extra)
 
-    def _loader(self, examples: list, train: bool) -> DataLoader:
-        c = self.cfg
-        return DataLoader(examples, batch_size=c.batch_size, shuffle=train, collate_fn=type(self).collate,
-                          num_workers=c.num_workers, persistent_workers=train and c.num_workers > 0)
-
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
+        c = self.cfg
+        return self.train_loader(self.train_set, batch_size=c.batch_size, collate_fn=type(self).collate,
+                                 num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False)
+        c = self.cfg
+        return DataLoader(self.val_set, batch_size=c.batch_size, collate_fn=type(self).collate,
+                          num_workers=c.num_workers)

@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset
 
 from modforge.data.base import TOKENS, DataFacts, DataModule
 from modforge.data.cache import cache_root, corpus_info, fit_tokenizer, token_cache
@@ -141,8 +141,8 @@ class TextLMData(DataModule):
         kw = dict(batch_size=self.cfg.batch_size, drop_last=True, num_workers=self.cfg.num_workers,
                   persistent_workers=self.cfg.num_workers > 0)
         if n <= SHUFFLE_LIMIT:
-            return DataLoader(ds, shuffle=True, **kw)
-        return DataLoader(ds, sampler=RandomSampler(ds, replacement=True, num_samples=n), **kw)
+            return self.train_loader(ds, **kw)
+        return self.train_loader(ds, replacement=True, num_samples=n, **kw)
 
     def val_dataloader(self) -> DataLoader:
         b = self.cfg.block_size

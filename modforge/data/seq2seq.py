@@ -72,16 +72,18 @@ class SyntheticSeq2Seq(DataModule):
         return DataFacts(tokenizer or CharTokenizer(chars="0123456789"), positions=c.positions,
                          stats={"train_pairs": c.n_train, "val_pairs": c.n_val})
 
-    def _loader(self, n: int, seed: int, shuffle: bool) -> DataLoader:
+    def _pairs(self, n: int, seed: int) -> "Pairs":
         c = self.cfg
-        ds = Pairs(n, seed, self.target, self.tokenizer, c.min_len, c.max_len)
-        return DataLoader(ds, batch_size=c.batch_size, shuffle=shuffle, collate_fn=collate_pairs, drop_last=shuffle)
+        return Pairs(n, seed, self.target, self.tokenizer, c.min_len, c.max_len)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.cfg.n_train, self.cfg.seed, True)
+        c = self.cfg
+        return self.train_loader(self._pairs(c.n_train, c.seed), batch_size=c.batch_size, collate_fn=collate_pairs,
+                                 drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.cfg.n_val, self.cfg.seed + 1, False)
+        c = self.cfg
+        return DataLoader(self._pairs(c.n_val, c.seed + 1), batch_size=c.batch_size, collate_fn=collate_pairs)
 
 
 @register("data", "reverse", config=SyntheticConfig)

@@ -1,0 +1,112 @@
+"""Training batches that resume exactly where a run stopped.
+
+Lightning saves the ``state_dict()`` of every training dataloader that has one
+in each checkpoint, and hands it back through ``load_state_dict()`` before the
+resumed run draws its first batch (its "stateful dataloader" interface). Two
+pieces make the order of batches part of that state:
+
+* :class:`ResumableRandomSampler` is torch's ``RandomSampler`` (same draws from
+  the global RNG, so the same order as before for the same seed) that remembers
+  the seed of the epoch in progress and can be told to reuse it;
+* :class:`ResumableLoader` is a ``DataLoader`` whose state is that seed and the
+  number of batches the run has trained on in the epoch; on load it skips those
+  batches (as index lists: no data is read for them).
+
+The number of batches trained on is asked of the Trainer (``consumed``): the
+loader itself cannot know it, because Lightning fetches one batch ahead.
+The global RNG states (dropout, masking) are the callback
+:class:`~modforge.callbacks.RunRecord`'s part of the checkpoint.
+"""
+import itertools
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+
+class ResumableRandomSampler(RandomSampler):
+    """``RandomSampler`` that records the seed it drew for the epoch in progress (``epoch_seed``) and, once
+    given one (``resume_with``), uses it for the next epoch it starts instead of drawing."""
+
+    epoch_seed: Optional[int] = None
+    _pending: Optional[int] = None
+
+    def resume_with(self, seed: Optional[int]) -> None:
+        self._pending = seed
+
+    def __iter__(self) -> Iterator[int]:
+        if self._pending is not None:
+            seed, self._pending = self._pending, None
+        else:  # exactly RandomSampler's draw, so a fresh run's order is torch's own
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self.epoch_seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+        try:
+            yield from super().__iter__()
+        finally:
+            self.generator = None
+
+
+class _Skipping:
+    """A batch sampler whose first ``skip`` batches are dropped; its length stays the epoch's, as Lightning
+    counts the batches already trained on itself."""
+
+    def __init__(self, batches: Any, skip: int):
+        self.batches, self.skip = batches, skip
+
+    def __iter__(self):  # once: persistent workers iterate the same object again at each later epoch
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.batches), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class ResumableLoader(DataLoader):
+    """A ``DataLoader`` with Lightning's ``state_dict`` / ``load_state_dict``: where in its epoch a run is.
+
+    ``consumed()`` says how many batches of the current epoch the run has trained on (None: count the
+    batches this loader has handed out). Works with or without workers and under Lightning's
+    distributed sampler (which replaces the sampler, not this class).
+    """
+
+    def __init__(self, *args: Any, consumed: Optional[Callable[[], Optional[int]]] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._consumed = consumed
+        self._handed_out = 0
+        self._skip = 0
+
+    @property
+    def _index_sampler(self):  # read once by each new iterator (and at each epoch by persistent workers)
+        base = super()._index_sampler
+        return _Skipping(base, self._skip) if self._skip else base
+
+    def __iter__(self):
+        it = super().__iter__()
+        self._skip = 0  # only the epoch being resumed is shortened
+        self._handed_out = 0
+        return self._counting(it)
+
+    def _counting(self, it: Any) -> Iterator[Any]:
+        for batch in it:
+            self._handed_out += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        done = self._consumed() if self._consumed is not None else None
+        seed = getattr(self.sampler, "epoch_seed", None)
+        return {"batches": int(self._handed_out if done is None else done), "epoch_seed": seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._skip = int(state.get("batches", 0))
+        if isinstance(self.sampler, ResumableRandomSampler):
+            self.sampler.resume_with(state.get("epoch_seed"))
+
+
+def train_loader(dataset: Any, *, batch_size: int, shuffle: bool = True, replacement: bool = False,
+                 num_samples: Optional[int] = None, consumed: Optional[Callable[[], Optional[int]]] = None,
+                 **kwargs: Any) -> ResumableLoader:
+    """The training loader every built-in datamodule uses: shuffled by :class:`ResumableRandomSampler`
+    (``replacement``/``num_samples`` as ``RandomSampler``'s), resumable mid-epoch."""
+    sampler = ResumableRandomSampler(dataset, replacement=replacement, num_samples=num_samples) if shuffle else None
+    return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, consumed=consumed, **kwargs)

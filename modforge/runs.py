@@ -1,0 +1,186 @@
+"""Run directories: what a run leaves behind, what state that says it is in, and new directories that are
+never shared.
+
+A run directory holds ``config.yaml`` (the resolved config, written first),
+``checkpoints/`` (``last.ckpt``, ``best.ckpt``), ``logs/metrics.csv``, and at the
+end either ``metrics.json`` (``finished`` or ``diverged``) or ``status.json``
+(``failed`` with the one-line error, or ``interrupted``). A directory with a
+config and no final record was killed (or is still running): ``interrupted``,
+resumable when it has a checkpoint. :func:`read_state` reads all of that, for
+the training command (which continues such a run in place), the sweeper (which
+skips, resumes or runs each job) and the report.
+
+New run and sweep directories come from :func:`new_dir`, used by the default
+``hydra.run.dir`` and ``hydra.sweep.dir``: the time-stamped name is claimed with an
+atomic ``mkdir``, so two commands started in the same second get ``…/12-00-00``
+and ``…/12-00-00-2``, never one shared directory.
+"""
+import atexit
+import contextlib
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+FINAL = ("finished", "diverged")  # a run in one of these has nothing left to do
+RECORDS = ("config.yaml", "metrics.json", "status.json", "checkpoints", "logs")  # what a run writes
+
+
+@dataclass
+class RunState:
+    """What a directory says about the run in it."""
+
+    status: str  # new | finished | diverged | failed | interrupted | unreadable
+    error: Optional[str] = None
+    metrics: Optional[dict] = None
+    config: Optional[dict] = None  # the run's config.yaml
+    checkpoint: Optional[Path] = None  # checkpoints/last.ckpt, when there is one
+
+    @property
+    def holds_run(self) -> bool:
+        return self.status != "new"
+
+    def checkpoint_step(self) -> Optional[int]:
+        """The step of ``last.ckpt`` (read memory-mapped: no weights are loaded), None without one."""
+        if self.checkpoint is None:
+            return None
+        try:
+            import torch
+
+            return int(torch.load(self.checkpoint, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+        except Exception:  # noqa: BLE001 - unreadable: the resume itself will say why, in one line
+            return None
+
+
+def read_state(d: Path) -> RunState:
+    """The state of the run in ``d`` (``new`` when it holds none)."""
+    d = Path(d)
+    ckpt = d / "checkpoints" / "last.ckpt"
+    ckpt = ckpt if ckpt.is_file() else None
+    config = None
+    try:
+        if (d / "config.yaml").is_file():
+            config = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
+        if (d / "metrics.json").is_file():
+            metrics = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
+            if not isinstance(metrics, dict) or not isinstance(metrics.get("val", {}), dict):
+                raise ValueError("not a metrics record (expected an object with a 'val' object)")
+            status = metrics.get("status")
+            finite = all(isinstance(v, (int, float)) and math.isfinite(v) for v in metrics.get("val", {}).values())
+            if status not in FINAL:  # records written before statuses existed
+                status = "finished" if finite else "diverged"
+            return RunState(status, metrics.get("error"), metrics, config, ckpt)
+        if (d / "status.json").is_file():
+            record = json.loads((d / "status.json").read_text(encoding="utf-8"))
+            status = record.get("status") if record.get("status") in ("failed", "interrupted") else "failed"
+            return RunState(status, record.get("error"), None, config, ckpt)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError) as e:
+        return RunState("unreadable", f"{type(e).__name__}: {e}".splitlines()[0], None, config, ckpt)
+    if config is not None or ckpt is not None or (d / "logs").exists():
+        return RunState("interrupted", None, None, config, ckpt)
+    return RunState("new")
+
+
+# keys that say how a command runs, not what a run trains: they neither name nor distinguish runs
+CONTROL_KEYS = ("resume", "dry_run", "skip_invalid", "retry_failed")
+# keys a run may change without becoming another run (where data lives, what the summary shows, progress output)
+HOW_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
+            "task.sample_prompt", "task.sample_temperature", "task.sample_top_k", "sample",
+            "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps")
+
+
+def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
+    """The keys (dotted) whose values differ between two run configs, ignoring control and how-keys."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if key in CONTROL_KEYS or key in HOW_KEYS or len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{key}.{k}" if key else k)
+        elif a != b:
+            out.append(f"{key}: {a!r} there, {b!r} now")
+
+    walk(saved or {}, new or {}, "")
+    return out
+
+
+def clear_records(d: Path) -> None:
+    """Remove what an interrupted run without a checkpoint left (it starts again from step 0)."""
+    import shutil
+
+    for name in RECORDS:
+        p = Path(d) / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def trim_metrics_csv(path: Path, step: int) -> None:
+    """Drop the rows a killed session logged after its last checkpoint (``step``): the resumed run logs
+    them again, and the file then reads as the uninterrupted run's."""
+    from modforge.io import atomic_file
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    if not rows or "step" not in rows[0]:
+        return
+    col = rows[0].index("step")
+    keep = [rows[0]] + [r for r in rows[1:] if len(r) > col and r[col] and int(float(r[col])) < step]
+    if len(keep) != len(rows):
+        with atomic_file(path, "w") as fh:
+            csv.writer(fh, lineterminator="\n").writerows(keep)
+
+
+# --------------------------------------------------------------------------- new directories
+
+_CLAIMED: dict[str, str] = {}
+
+
+def new_dir(pattern: str) -> str:
+    """``pattern`` (strftime codes: ``outputs/%Y-%m-%d/%H-%M-%S``) for now, claimed by creating it.
+
+    ``os.mkdir`` fails when another process made the directory first, so the
+    name then gets ``-2``, ``-3``, ...: two commands never share one. The result
+    is kept for the life of the process (Hydra resolves the directory several
+    times). A claimed directory still empty when the process exits (a dry run,
+    a refused command) is removed again.
+    """
+    if pattern not in _CLAIMED:
+        base = datetime.now().strftime(pattern)
+        Path(base).parent.mkdir(parents=True, exist_ok=True)
+        for i in range(1, 10_000):
+            candidate = base if i == 1 else f"{base}-{i}"
+            try:
+                os.mkdir(candidate)
+            except FileExistsError:
+                continue
+            break
+        else:
+            raise OSError(f"{base}: no free directory name after 9999 tries")
+        _CLAIMED[pattern] = candidate
+        atexit.register(_remove_if_empty, candidate)
+    return _CLAIMED[pattern]
+
+
+def _remove_if_empty(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # only succeeds when empty
+        os.rmdir(os.path.dirname(path))  # the day's directory, when it held only this one
+
+
+def register_resolver() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("modforge_new_dir", new_dir, replace=True, use_cache=True)
