@@ -188,8 +188,9 @@ class Checkpoints(ModelCheckpoint):
         super().__init__(**kwargs)
         self.divergence = divergence
 
-    def _should_skip_saving_checkpoint(self, trainer: "L.Trainer") -> bool:
-        return self.divergence.diverged_at is not None or super()._should_skip_saving_checkpoint(trainer)
+    def _save_checkpoint(self, trainer: "L.Trainer", filepath: str) -> None:  # every save (top-k, last, end, ...)
+        if self.divergence.diverged_at is None:
+            super()._save_checkpoint(trainer, filepath)
 
 
 # --------------------------------------------------------------------------- writing checkpoints

@@ -12,10 +12,12 @@
                          the optional extra: pip install 'modforge[report]')
 
 Every job directory under the sweep directory (one with ``.hydra/overrides.yaml``)
-counts: ``finished`` (a ``metrics.json``), ``diverged`` (a non-finite validation
-metric), ``failed`` (a ``status.json`` that says so, with its error), ``unfinished``
-(neither: still running, or killed) and ``unreadable`` (a record that does not
-parse). Jobs are grouped by their overrides without the ``over`` keys; each
+counts, with the status its records give (:func:`modforge.runs.read_state`):
+``finished`` (a ``metrics.json``), ``diverged`` (stopped on a non-finite loss, or a
+non-finite validation metric), ``failed`` (a ``status.json`` that says so, with its
+error), ``interrupted`` (killed or stopped: it has a config and no final record;
+re-running the sweep resumes it), ``unfinished`` (nothing of its own yet: just
+started) and ``unreadable`` (a record that does not parse). Jobs are grouped by their overrides without the ``over`` keys; each
 group is one configuration and one row: its finished runs, the mean of the
 metric with a Student-t interval over seeds, sd, min and max, and the
 difference of its mean from the baseline's with an interval, paired over seeds
@@ -35,13 +37,14 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import yaml
 
 from modforge import stats
 from modforge.cli import command
 from modforge.registry import ModforgeError, suggest
+from modforge.runs import read_state
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
@@ -63,10 +66,6 @@ class Job:
     error: Optional[str] = None
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def load_jobs(root: Path) -> list[Job]:
     """Every job under ``root``, whatever its status."""
     jobs = []
@@ -80,21 +79,14 @@ def load_jobs(root: Path) -> list[Job]:
             jobs.append(Job(d, name, {}, "unreadable", error=f"{type(e).__name__}: {e}".splitlines()[0]))
             continue
         job = Job(d, name, overrides, "unfinished", task=_task_of(d))
-        try:
-            if (d / "metrics.json").exists():
-                job.metrics = _read_json(d / "metrics.json")
-                if not isinstance(job.metrics, dict) or not isinstance(job.metrics.get("val", {}), dict):
-                    raise ValueError("not a metrics record (expected an object with a 'val' object)")
-                job.task = (job.metrics.get("config") or {}).get("task") or job.task
-                finite = all(isinstance(v, (int, float)) and math.isfinite(v) for v in job.metrics.get("val", {}).values())
-                job.status = "finished" if finite else "diverged"  # a null (non-finite) val metric: diverged
-            elif (d / "status.json").exists():
-                record = _read_json(d / "status.json")
-                job.status, job.error = record.get("status", "failed"), record.get("error")
-                if job.status not in STATUSES:
-                    job.status = "failed"
-        except (OSError, ValueError, AttributeError) as e:
-            job.status, job.metrics, job.error = "unreadable", None, f"{type(e).__name__}: {e}".splitlines()[0]
+        state = read_state(d)
+        job.status = {"new": "unfinished"}.get(state.status, state.status)
+        job.metrics, job.error = state.metrics, state.error
+        if state.metrics is not None:
+            job.task = (state.metrics.get("config") or {}).get("task") or job.task
+        if state.status == "interrupted" and not state.error:
+            step = state.checkpoint_step()
+            job.error = f"last checkpoint at step {step}" if step is not None else "no checkpoint"
         jobs.append(job)
     return jobs
 

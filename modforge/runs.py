@@ -103,6 +103,9 @@ def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
         if key in CONTROL_KEYS or key in HOW_KEYS or len(out) >= limit:
             return
         if isinstance(a, dict) and isinstance(b, dict):
+            if "name" in a and "name" in b and a["name"] != b["name"]:  # another option of a group: that is all
+                out.append(f"{key}: {a['name']!r} there, {b['name']!r} now")
+                return
             for k in sorted(set(a) | set(b)):
                 walk(a.get(k), b.get(k), f"{key}.{k}" if key else k)
         elif a != b:
@@ -159,6 +162,7 @@ def new_dir(pattern: str) -> str:
     """
     if pattern not in _CLAIMED:
         base = datetime.now().strftime(pattern)
+        made = [p for p in Path(base).parents if str(p) not in ("", ".") and not p.exists()]
         Path(base).parent.mkdir(parents=True, exist_ok=True)
         for i in range(1, 10_000):
             candidate = base if i == 1 else f"{base}-{i}"
@@ -170,14 +174,15 @@ def new_dir(pattern: str) -> str:
         else:
             raise OSError(f"{base}: no free directory name after 9999 tries")
         _CLAIMED[pattern] = candidate
-        atexit.register(_remove_if_empty, candidate)
+        atexit.register(_remove_if_empty, [candidate, *map(str, made)])
     return _CLAIMED[pattern]
 
 
-def _remove_if_empty(path: str) -> None:
+def _remove_if_empty(paths: list) -> None:
+    """The claimed directory and the parents made for it, innermost first, while they are empty."""
     with contextlib.suppress(OSError):
-        os.rmdir(path)  # only succeeds when empty
-        os.rmdir(os.path.dirname(path))  # the day's directory, when it held only this one
+        for p in paths:
+            os.rmdir(p)  # only succeeds when empty
 
 
 def register_resolver() -> None:

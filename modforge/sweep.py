@@ -46,7 +46,10 @@ OUTCOME: dict = {}  # the last sweep's counts and exit code, for modforge.train
 
 
 def job_key(overrides: Any) -> tuple:
-    return tuple(sorted(str(o) for o in overrides))
+    """A job's identity between the pre-flight and the sweeper: its task overrides, without the sweep's switches
+    (the pre-flight sees the whole command line, hydra.* included; the sweeper only the task's part)."""
+    keys = [(str(o), str(o).split("=", 1)[0].lstrip("+~")) for o in overrides]
+    return tuple(sorted(o for o, k in keys if k not in SWEEP_KEYS and not k.startswith(("hydra.", "hydra/"))))
 
 
 @dataclass

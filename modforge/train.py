@@ -331,8 +331,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         "train_seconds": round(record.train_seconds, 2),
         "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
         "resumed_at_steps": record.resumed_at,
-        "checkpoint": ckpt_cb.last_model_path or (str(out_dir / "checkpoints" / "last.ckpt")
-                                                  if (out_dir / "checkpoints" / "last.ckpt").exists() else None),
+        "checkpoint": str(last) if (last := out_dir / "checkpoints" / "last.ckpt").exists() else None,
         "config": {g: plain[g].get("name") for g in registry.group_kinds() if g in plain},
     })
     if cfg.sample and trainer.is_global_zero and metrics["status"] == "finished":

@@ -213,18 +213,21 @@ def test_cli_sweep_runs_every_job_into_its_own_flat_directory(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_sweep_with_the_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
+def test_cli_sweep_with_the_joblib_launcher_runs_jobs_in_parallel_processes_and_a_failure_stays_in_its_job(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "modforge.train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-           "norm=layer,rms", "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4",
+           "norm=layer,rms,batch", "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4",
            "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "data.max_chars=50000", "sample=false",
            f"hydra.sweep.dir={sweep}"]
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+                       env=dict(os.environ, OMP_NUM_THREADS="1", MODFORGE_FAULT="raise@step=2@job=1"))
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]  # one job failed: the others ran
     assert "Joblib.Parallel" in p.stdout + p.stderr  # really the joblib launcher, not the basic one
+    assert "3 jobs: 2 finished, 1 failed, 0 diverged, 0 interrupted" in p.stderr
     jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
-    assert {json.loads((d / "metrics.json").read_text())["config"]["norm"] for d in jobs} == {"layer", "rms"}
+    assert {json.loads((d / "metrics.json").read_text())["config"]["norm"] for d in jobs
+            if (d / "metrics.json").exists()} == {"layer", "batch"}
+    assert json.loads((jobs[1] / "status.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.slow

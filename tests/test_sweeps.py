@@ -1,0 +1,228 @@
+"""Sweeps that survive faults and resume exactly: fault isolation, pre-flight, divergence, exact resume after
+SIGKILL (at a step and while a checkpoint is written), sweep resume, and run directories never shared.
+
+Faults are injected with ``MODFORGE_FAULT`` (modforge.callbacks.injected_fault): ``kill@step=N`` sends the run
+SIGKILL after step N, ``kill@save=N`` during its N-th checkpoint write, ``raise@step=N@job=J`` raises in job #J.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_overrides
+from modforge.config import compose
+from modforge.train import run
+
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.limit_val_batches=2",
+        "data.max_chars=20000", "data.block_size=32", "trainer.enable_progress_bar=false", "sample=false"]
+
+
+def train(cwd: Path, *args: str, fault: str = "", timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("MODFORGE_FAULT", None)
+    if fault:
+        env["MODFORGE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "modforge.train", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def strict_json(path: Path) -> dict:
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def job_dirs(sweep: Path) -> list:
+    return sorted((d for d in sweep.iterdir() if d.is_dir()), key=lambda d: int(d.name.split("_")[0]))
+
+
+def final_params(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+# --------------------------------------------------------------------------- resumable data order
+
+def test_the_training_loader_resumes_at_the_batch_where_it_stopped():
+    from modforge.data.loading import train_loader
+
+    data = list(range(100))
+    torch.manual_seed(3)
+    whole = [b.tolist() for b in train_loader(data, batch_size=8, drop_last=True)]
+    torch.manual_seed(3)
+    first = train_loader(data, batch_size=8, drop_last=True)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(5)]
+    state = first.state_dict()
+    assert state["batches"] == 5 and isinstance(state["epoch_seed"], int)
+    torch.manual_seed(999)  # the resumed process draws differently: the saved seed wins
+    again = train_loader(data, batch_size=8, drop_last=True)
+    again.load_state_dict(state)
+    tail = [b.tolist() for b in again]
+    assert head + tail == whole and len(again) == len(whole)  # len: the epoch's, as Lightning counts
+    assert [b.tolist() for b in again] != whole[5:]  # the next epoch is whole again (and a new order)
+
+
+# --------------------------------------------------------------------------- divergence
+
+def test_a_diverging_run_stops_within_its_patience_and_records_the_last_finite_values(tmp_path):
+    cfg = compose(tiny_overrides(steps=200) + ["trainer.val_check_interval=5", "optim.lr=1e4",
+                                               "divergence_patience=2", "data.max_chars=20000"])
+    m = run(cfg, tmp_path)
+    rec = strict_json(tmp_path / "metrics.json")
+    assert rec["status"] == "diverged" and m["steps"] < 200
+    last = rec["last_finite_train"]
+    assert last is not None and rec["diverged_at_step"] <= last["step"] + 2 + 1  # within the patience
+    assert rec["val"] and all(isinstance(v, float) for v in rec["val"].values())  # the last finite validation
+    assert "sample" not in rec
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"  # if any: a finite state from before the divergence
+    assert not ckpt.exists() or all(torch.isfinite(t).all() for t in final_params(tmp_path).values())
+
+
+def test_a_directory_holding_another_configuration_is_refused_and_left_alone(tmp_path):
+    from modforge.train import RunDirTaken
+
+    run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false"]), tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RunDirTaken, match="holds a run of another configuration.*norm: 'layer' there, 'rms' now"):
+        run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false", "norm=rms"]), tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+    again = run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false"]), tmp_path)
+    assert again["status"] == "finished"  # the same run, finished: nothing is retrained
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+# --------------------------------------------------------------------------- exact resume
+
+@pytest.mark.slow
+def test_a_run_killed_at_a_step_or_while_writing_a_checkpoint_resumes_bit_for_bit(tmp_path):
+    args = [*TINY, "model.dropout=0.1", "trainer.max_steps=40", "trainer.val_check_interval=10"]
+    p = train(tmp_path, *args, "hydra.run.dir=whole")
+    assert p.returncode == 0, p.stderr[-3000:]
+    # killed at step 25 (its last checkpoint: step 20), resumed with resume=<its directory>
+    p = train(tmp_path, *args, "hydra.run.dir=killed", fault="kill@step=25")
+    assert p.returncode == -9 and not (tmp_path / "killed" / "metrics.json").exists()
+    p = train(tmp_path, "resume=killed")
+    assert p.returncode == 0, p.stderr[-3000:]
+    # killed while writing its 3rd checkpoint file (step 10's last.ckpt): re-running the command continues it
+    p = train(tmp_path, *args, "hydra.run.dir=torn", fault="kill@save=3")
+    assert p.returncode == -9 and list((tmp_path / "torn" / "checkpoints").glob(".*.tmp"))
+    p = train(tmp_path, *args, "hydra.run.dir=torn")
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    whole = strict_json(tmp_path / "whole" / "metrics.json")
+    for name, resumed_at in (("killed", [20]), ("torn", [10])):
+        m = strict_json(tmp_path / name / "metrics.json")
+        assert m["resumed_at_steps"] == resumed_at and m["steps"] == whole["steps"] == 40
+        assert m["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)
+        assert m["tokens_seen"] == whole["tokens_seen"] and m["val_loss_at_start"] == whole["val_loss_at_start"]
+        a, b = final_params(tmp_path / "whole"), final_params(tmp_path / name)
+        assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+        # the log reads as the uninterrupted run's: the rows a killed session wrote after its checkpoint are gone
+        assert (tmp_path / name / "logs" / "metrics.csv").read_text() == \
+            (tmp_path / "whole" / "logs" / "metrics.csv").read_text()
+        # tokens/s over the whole run: its tokens over its training time, not the last session's
+        assert m["tokens_per_sec"] == pytest.approx(m["tokens_seen"] / m["train_seconds"], rel=0.05)
+    assert (tmp_path / "killed" / ".hydra" / "resume-1" / "overrides.yaml").exists()  # the first command kept
+
+
+# --------------------------------------------------------------------------- sweeps
+
+@pytest.mark.slow
+def test_a_failing_job_fails_alone_and_a_rerun_retries_only_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "norm=layer,rms,batch", *TINY, "trainer.max_steps=6", "trainer.val_check_interval=3",
+            f"hydra.sweep.dir={sweep}"]
+    p = train(tmp_path, *args, fault="raise@step=4@job=1")
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "3 jobs: 2 finished, 1 failed, 0 diverged, 0 interrupted" in p.stderr
+    assert "job #1 failed: RuntimeError: fault injected at step 4" in p.stderr
+    jobs = job_dirs(sweep)
+    assert [strict_json(d / "metrics.json")["status"] for d in (jobs[0], jobs[2])] == ["finished", "finished"]
+    failed = strict_json(jobs[1] / "status.json")
+    assert failed["status"] == "failed" and failed["error"].startswith("RuntimeError: fault injected at step 4")
+    assert "Traceback" in failed["traceback"]
+    kept = {p: p.stat().st_mtime_ns for d in (jobs[0], jobs[2]) for p in d.rglob("*") if p.is_file()}
+
+    p = train(tmp_path, "-m", f"resume={sweep}")  # without retry_failed the failed job is skipped
+    assert p.returncode == 1 and "skip (failed; retry_failed=true runs it again)" in p.stdout
+    p = train(tmp_path, "-m", f"resume={sweep}", "retry_failed=true")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "3 jobs: 3 finished, 0 failed" in p.stdout
+    assert strict_json(jobs[1] / "metrics.json")["resumed_at_steps"] == [3]  # from its checkpoint, in place
+    assert {p: p.stat().st_mtime_ns for d in (jobs[0], jobs[2]) for p in d.rglob("*") if p.is_file()} == kept
+
+
+@pytest.mark.slow
+def test_invalid_jobs_stop_the_sweep_unless_skipped_and_a_dry_run_trains_nothing(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "model.n_heads=2,3,4", *(a for a in TINY if "n_heads" not in a), "trainer.max_steps=2",
+            "trainer.val_check_interval=2"]
+    p = train(tmp_path, *args, f"hydra.sweep.dir={sweep}")
+    assert p.returncode == 2 and "1 of 3 jobs are invalid, so the sweep does not start: #1 (model.n_heads=3)" in p.stderr
+    assert not sweep.exists()
+    p = train(tmp_path, *args, "skip_invalid=true", "dry_run=true")  # the default, time-stamped sweep directory
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "3 jobs (dry run, nothing is trained)" in p.stdout and p.stdout.count(" run\n") == 2
+    assert "invalid: skipped" in p.stdout and not (tmp_path / "multirun").exists()  # claimed, empty, removed
+    p = train(tmp_path, *args, "skip_invalid=true", f"hydra.sweep.dir={sweep}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "3 jobs: 2 finished, 0 failed, 0 diverged, 0 interrupted, 1 invalid (skipped)" in p.stdout
+    assert [d.name.split("_")[0] for d in job_dirs(sweep)] == ["0", "2"]  # each job keeps its number
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_during_a_job_resumes_where_it_stopped(tmp_path, capsys):
+    from modforge import report
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", "norm=layer,rms,batch", *TINY, "trainer.max_steps=8", "trainer.val_check_interval=4",
+            f"hydra.sweep.dir={sweep}"]
+    p = train(tmp_path, *args, fault="kill@step=6@job=1")
+    assert p.returncode == -9
+    jobs = job_dirs(sweep)
+    assert len(jobs) == 2 and (jobs[0] / "metrics.json").exists() and not (jobs[1] / "metrics.json").exists()
+    kept = {p: p.stat().st_mtime_ns for p in jobs[0].rglob("*") if p.is_file()}
+    p = train(tmp_path, "-m", f"resume={sweep}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resume (from step 4)" in p.stdout and "skip (finished)" in p.stdout
+    assert "3 jobs: 3 finished, 0 failed, 0 diverged, 0 interrupted" in p.stdout
+    jobs = job_dirs(sweep)
+    assert len(jobs) == 3 and {p: p.stat().st_mtime_ns for p in jobs[0].rglob("*") if p.is_file()} == kept
+    resumed = strict_json(jobs[1] / "metrics.json")
+    assert resumed["resumed_at_steps"] == [4] and resumed["steps"] == 8
+    capsys.readouterr()
+    report.main([str(sweep), "format=json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert rows["jobs"]["finished"] == 3 and sorted(r["norm"] for r in rows["rows"]) == ["batch", "layer", "rms"]
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_the_same_moment_get_their_own_directories(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("MODFORGE_FAULT", None)
+    cmd = [sys.executable, "-m", "modforge.train", *TINY, "trainer.max_steps=2", "trainer.val_check_interval=2",
+           "hydra.run.dir=${modforge_new_dir:runs/same-name}"]  # one name for both: the second must not take it
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for pr in procs:
+        out, err = pr.communicate(timeout=300)
+        assert pr.returncode == 0, err[-3000:]
+    dirs = sorted(d.name for d in (tmp_path / "runs").iterdir())
+    assert dirs == ["same-name", "same-name-2"]
+    assert all(strict_json(tmp_path / "runs" / d / "metrics.json")["steps"] == 2 for d in dirs)
+
+
+def test_a_new_directory_is_claimed_once_per_process_and_never_shared(tmp_path, monkeypatch):
+    from modforge import runs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs, "_CLAIMED", {})
+    first = runs.new_dir("out/%Y")
+    assert runs.new_dir("out/%Y") == first and Path(first).is_dir()  # the same for the life of the process
+    monkeypatch.setattr(runs, "_CLAIMED", {})  # another process, same second
+    assert runs.new_dir("out/%Y") == first + "-2"
