@@ -129,6 +129,8 @@ class RunRecord(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         checkpoint["rng_states"] = rng_states()
+        for logger in trainer.loggers:  # what was logged up to here is on disk with the checkpoint, not in a buffer
+            logger.save()
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint):
         self._rng = checkpoint.get("rng_states")
@@ -138,7 +140,8 @@ class RunRecord(L.Callback):
 # --------------------------------------------------------------------------- divergence
 
 class DivergenceStop(L.Callback):
-    """Stop a run whose training loss is non-finite (NaN or inf) ``patience`` steps in a row.
+    """Stop a run whose training loss is non-finite (NaN or inf) ``patience`` training batches in a row (steps,
+    unless gradients are accumulated).
 
     Remembers the last finite training loss and the last validation whose metrics were all finite, and
     the step the run diverged at; :class:`Checkpoints` writes nothing after it, so ``last.ckpt`` stays
@@ -157,6 +160,9 @@ class DivergenceStop(L.Callback):
         if loss is None:
             return
         value = float(loss.detach())
+        if trainer.world_size > 1:  # every rank decides the same, or one would stop while the others wait for it
+            value = value if not trainer.strategy.reduce_boolean_decision(not math.isfinite(value), all=False) \
+                else math.nan
         if math.isfinite(value):
             self.bad_steps = 0
             self.last_train = {"step": trainer.global_step, "train/loss": value}
@@ -189,7 +195,7 @@ class Checkpoints(ModelCheckpoint):
         self.divergence = divergence
 
     def _save_checkpoint(self, trainer: "L.Trainer", filepath: str) -> None:  # every save (top-k, last, end, ...)
-        if self.divergence.diverged_at is None:
+        if self.divergence.diverged_at is None and self.divergence.bad_steps == 0:  # never non-finite weights
             super()._save_checkpoint(trainer, filepath)
 
 
@@ -206,16 +212,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     removed at the next save. Remote URLs (``s3://`` ...) keep Lightning's path.
     """
 
-    saves = 0  # checkpoint files written by this process (what a "kill@save=N" fault counts)
+    saves = 0  # checkpoint files this run has written (what a "kill@save=N" fault counts)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         remove_stale_temporaries(Path(path))
-        AtomicCheckpointIO.saves += 1
+        self.saves += 1
         with atomic_file(Path(path), "wb", durable=True) as fh:
             torch.save(checkpoint, fh)
-            if injected_fault("kill", "save", AtomicCheckpointIO.saves):  # mid-write: the file is not renamed yet
+            if injected_fault("kill", "save", self.saves):  # mid-write: the file is not renamed yet
                 fh.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
 

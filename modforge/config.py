@@ -173,7 +173,7 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
     if key == "seed" and not 0 <= v < 2 ** 32:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
     if key == "divergence_patience" and v is not None and v < 1:
-        raise registry.ConfigError(f"{line or f'{key}={v}'}: divergence_patience must be >= 1 (steps in a row), "
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: divergence_patience must be >= 1 (training batches in a row), "
                                    "or null (never stop)")
 
 

@@ -80,7 +80,7 @@ def load_jobs(root: Path) -> list[Job]:
             continue
         job = Job(d, name, overrides, "unfinished", task=_task_of(d))
         state = read_state(d)
-        job.status = {"new": "unfinished"}.get(state.status, state.status)
+        job.status = {"new": "unfinished", "foreign": "unreadable"}.get(state.status, state.status)
         job.metrics, job.error = state.metrics, state.error
         if state.metrics is not None:
             job.task = (state.metrics.get("config") or {}).get("task") or job.task

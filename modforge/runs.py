@@ -36,7 +36,7 @@ RECORDS = ("config.yaml", "metrics.json", "status.json", "checkpoints", "logs") 
 class RunState:
     """What a directory says about the run in it."""
 
-    status: str  # new | finished | diverged | failed | interrupted | unreadable
+    status: str  # new | finished | diverged | failed | interrupted | unreadable | foreign (files not of a run)
     error: Optional[str] = None
     metrics: Optional[dict] = None
     config: Optional[dict] = None  # the run's config.yaml
@@ -82,8 +82,10 @@ def read_state(d: Path) -> RunState:
             return RunState(status, record.get("error"), None, config, ckpt)
     except (OSError, ValueError, AttributeError, yaml.YAMLError) as e:
         return RunState("unreadable", f"{type(e).__name__}: {e}".splitlines()[0], None, config, ckpt)
-    if config is not None or ckpt is not None or (d / "logs").exists():
+    if config is not None:
         return RunState("interrupted", None, None, config, ckpt)
+    if ckpt is not None or (d / "logs").exists() or (d / "checkpoints").exists():  # not written by a modforge run
+        return RunState("foreign", "holds logs/ or checkpoints/ but no config.yaml: not a modforge run's directory")
     return RunState("new")
 
 
@@ -106,7 +108,7 @@ def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
             if "name" in a and "name" in b and a["name"] != b["name"]:  # another option of a group: that is all
                 out.append(f"{key}: {a['name']!r} there, {b['name']!r} now")
                 return
-            for k in sorted(set(a) | set(b)):
+            for k in sorted(a):  # keys the saved run predates are today's defaults: no difference
                 walk(a.get(k), b.get(k), f"{key}.{k}" if key else k)
         elif a != b:
             out.append(f"{key}: {a!r} there, {b!r} now")

@@ -59,6 +59,10 @@ class Planned:
     dir: Optional[Path]
     action: str  # run | resume | retry | restart | skip | invalid | conflict
     why: str = ""
+    stamp: Optional[int] = None  # config.yaml's mtime when planned: a job that starts rewrites it
+
+    def started(self) -> bool:
+        return self.dir is not None and config_stamp(self.dir) != self.stamp
 
     @property
     def runs(self) -> bool:
@@ -140,6 +144,8 @@ class PlannedSweeper(Sweeper):
         job_cfg = self.job_config(num, overrides)
         d = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
         state = read_state(d)
+        if state.status == "foreign":
+            return Planned(num, overrides, d, "conflict", state.error)
         if state.holds_run and state.config is not None:
             with open_dict(job_cfg):
                 job_cfg.pop("hydra")
@@ -147,7 +153,7 @@ class PlannedSweeper(Sweeper):
             if diff:
                 return Planned(num, overrides, d, "conflict", "; ".join(diff))
         if state.status == "new":
-            return Planned(num, overrides, d, "run")
+            return Planned(num, overrides, d, "run", stamp=config_stamp(d))
         if state.status in FINAL:
             return Planned(num, overrides, d, "skip", state.status)
         step = state.checkpoint_step()
@@ -155,8 +161,8 @@ class PlannedSweeper(Sweeper):
         if state.status in ("failed", "unreadable") and not flags["retry_failed"]:
             return Planned(num, overrides, d, "skip", f"{state.status}; retry_failed=true runs it again")
         if state.status in ("failed", "unreadable"):
-            return Planned(num, overrides, d, "retry", where)
-        return Planned(num, overrides, d, "resume" if step is not None else "restart", where)
+            return Planned(num, overrides, d, "retry", where, config_stamp(d))
+        return Planned(num, overrides, d, "resume" if step is not None else "restart", where, config_stamp(d))
 
     def record_sweep(self, sweep_dir: Path, cfg: Any) -> None:
         """multirun.yaml, as Hydra's sweeper writes it; the first run's record is kept when the sweep resumes."""
@@ -172,7 +178,7 @@ class PlannedSweeper(Sweeper):
         except Exception as e:  # noqa: BLE001 - e.g. joblib's TerminatedWorkerError when a worker is killed
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             print(f"[modforge] the launcher stopped: {type(e).__name__}: {first}", file=sys.stderr)
-            unstarted = [p for p in block if not read_state(p.dir).holds_run]
+            unstarted = [p for p in block if not p.started()]
             if not unstarted or len(unstarted) == len(block):
                 return []
             out = []
@@ -182,6 +188,13 @@ class PlannedSweeper(Sweeper):
                 except Exception:  # noqa: BLE001 - broken twice: what ran is in the summary
                     pass
             return out
+
+
+def config_stamp(d: Path) -> Optional[int]:
+    try:
+        return (Path(d) / "config.yaml").stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def blocks(plan: list) -> list:

@@ -5,6 +5,7 @@ line, let Hydra compose, then build data, task and Trainer and fit. Any
 :class:`~modforge.registry.ModforgeError` is printed as one line, with no traceback.
 """
 import contextlib
+import json
 import math
 import os
 import sys
@@ -206,6 +207,16 @@ def check_trainer_keys(trainer_cfg: Any) -> None:
 FOLLOW_ENV = "MODFORGE_RESUMED_FROM"  # rank 0's resume decision, for the DDP ranks Lightning starts
 
 
+def unrecorded(ckpt: Any) -> bool:
+    """Whether ``ckpt`` is the ``last.ckpt`` of a run that never wrote its final record (killed after its last
+    checkpoint): resuming it only completes it, so a step count at its limit is no reason to refuse."""
+    from modforge.runs import FINAL, read_state
+
+    p = Path(str(ckpt))
+    return p.name == "last.ckpt" and p.parent.name == "checkpoints" and \
+        read_state(p.parent.parent).status not in FINAL
+
+
 class RunDirTaken(registry.ConfigError):
     """The output directory holds another run: nothing may be written there (not even a failure record)."""
 
@@ -234,18 +245,23 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     follower = os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ  # a DDP rank: rank 0 decided
     in_place = False
     if follower:
-        resume = os.environ[FOLLOW_ENV] or None
+        decided = json.loads(os.environ[FOLLOW_ENV])
+        resume, in_place = decided["resume"], decided["in_place"]
     else:
         state = read_state(out_dir)
+        if state.status == "foreign":
+            raise RunDirTaken(f"{out_dir} {state.error}; choose an empty hydra.run.dir")
         if resume:
             in_place = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
-            if state.holds_run and not in_place:
+            if state.holds_run and not in_place and state.config is not None:
                 raise RunDirTaken(f"{out_dir} holds another run ({state.status}); resume it there with "
                                   f"resume={out_dir}, or choose an empty hydra.run.dir")
+        elif state.holds_run and state.config is None:
+            clear_records(out_dir)  # failed before it wrote its config (status.json alone): from step 0
         elif state.holds_run:
-            diff = config_difference(state.config, to_plain(cfg)) if state.config is not None else []
-            if diff or state.config is None and state.status != "interrupted":
-                raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff) or state.status})"
+            diff = config_difference(state.config, to_plain(cfg))
+            if diff:
+                raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff)})"
                                   "; choose an empty hydra.run.dir (or hydra.sweep.dir)")
             if state.status in FINAL:
                 print(f"[modforge] {out_dir} holds this run, {state.status} already: nothing to do "
@@ -262,15 +278,16 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
         ckpt = read_checkpoint(resume, "resume")
         ckpt_step = int(ckpt.get("global_step", 0))
-        cfg = resumed_config(cfg, resume, user_override_keys(), ckpt, finished_ok=in_place)
+        cfg = resumed_config(cfg, resume, user_override_keys(), ckpt, finished_ok=unrecorded(resume))
         # the model's own tokenizer: text is read with the ids it was trained on, never refitted
         tokenizer = DataFacts.from_state(facts_state(ckpt)).tokenizer
         del ckpt  # Lightning loads it again for the weights, optimizer and loops
     out_dir.mkdir(parents=True, exist_ok=True)
     if in_place and not follower:
         trim_metrics_csv(out_dir / "logs" / "metrics.csv", ckpt_step)
-        with contextlib.suppress(FileNotFoundError):
-            (out_dir / "status.json").unlink()  # a failure being retried
+        for stale in ("status.json", "metrics.json"):  # a failure being retried; a finished run trained further
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / stale).unlink()
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -297,11 +314,13 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                             logger=AppendingCSVLogger(str(out_dir), name="logs", version=""), callbacks=callbacks,
                             plugins=[AtomicCheckpointIO()])
 
-    if cfg.eval_at_start and not resume:
-        record.val_loss_at_start = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get("val/loss")
-    record.fit_started()
-    os.environ[FOLLOW_ENV] = resume or ""  # DDP ranks started inside fit() resume from the same checkpoint
+    # DDP ranks (Lightning starts them at the first validate or fit) follow this process's decision
+    os.environ[FOLLOW_ENV] = json.dumps({"resume": resume, "in_place": in_place})
     try:
+        if cfg.eval_at_start and not resume:
+            record.val_loss_at_start = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get(
+                "val/loss")
+        record.fit_started()
         with _quiet_about_existing_records(in_place):
             trainer.fit(task, datamodule=dm, ckpt_path=resume, weights_only=True)
     finally:
@@ -520,7 +539,7 @@ def preflight(argv: list, multirun: bool) -> int:
                 validate(cfg)
                 resume = resume_path(cfg.get("resume"))
                 if resume:
-                    resumed_config(cfg, resume, user_override_keys(job))
+                    resumed_config(cfg, resume, user_override_keys(job), finished_ok=unrecorded(resume))
             except registry.ConfigError as e:
                 bad.append((i, job, e))
     if len(jobs) == 1 and bad:
@@ -550,7 +569,7 @@ def hydra_value(value: str) -> str:
     """``value`` as one Hydra override value (quoted when it holds characters the override grammar reads)."""
     import re
 
-    if re.fullmatch(r"[\w./@%+~:-]+", value):
+    if re.fullmatch(r"[A-Za-z0-9_./@%+:-]+", value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -603,6 +622,9 @@ def main(argv: Optional[list] = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    from modforge import runs
+
+    runs._CLAIMED.clear()  # a second command in one process (a notebook) gets its own new directory
     with one_line_errors():
         load_all()
         relaunched_rank = os.environ.get("LOCAL_RANK", "0") != "0"  # a DDP rank Lightning started: rank 0 checked

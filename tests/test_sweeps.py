@@ -65,6 +65,10 @@ def test_the_training_loader_resumes_at_the_batch_where_it_stopped():
     tail = [b.tolist() for b in again]
     assert head + tail == whole and len(again) == len(whole)  # len: the epoch's, as Lightning counts
     assert [b.tolist() for b in again] != whole[5:]  # the next epoch is whole again (and a new order)
+    # a whole epoch trained: nothing to skip, and the next epoch draws its own seed (after the RNG restore)
+    done = train_loader(data, batch_size=8, drop_last=True, consumed=lambda: 0)
+    list(done)
+    assert done.state_dict() == {"batches": 0, "epoch_seed": None}
 
 
 # --------------------------------------------------------------------------- divergence
@@ -100,22 +104,25 @@ def test_a_directory_holding_another_configuration_is_refused_and_left_alone(tmp
 
 @pytest.mark.slow
 def test_a_run_killed_at_a_step_or_while_writing_a_checkpoint_resumes_bit_for_bit(tmp_path):
-    args = [*TINY, "model.dropout=0.1", "trainer.max_steps=40", "trainer.val_check_interval=10"]
+    # epochs of 15 batches, checkpoints every 10 steps: at step 10 and 20 inside an epoch, at 30 at its end
+    args = [*TINY, "model.dropout=0.1", "trainer.max_steps=40", "trainer.val_check_interval=10",
+            "trainer.limit_train_batches=15"]
     p = train(tmp_path, *args, "hydra.run.dir=whole")
     assert p.returncode == 0, p.stderr[-3000:]
-    # killed at step 25 (its last checkpoint: step 20), resumed with resume=<its directory>
-    p = train(tmp_path, *args, "hydra.run.dir=killed", fault="kill@step=25")
+    # killed at step 35 (its last checkpoint: step 30, the end of an epoch), resumed with resume=<its directory>
+    p = train(tmp_path, *args, "hydra.run.dir=killed", fault="kill@step=35")
     assert p.returncode == -9 and not (tmp_path / "killed" / "metrics.json").exists()
     p = train(tmp_path, "resume=killed")
     assert p.returncode == 0, p.stderr[-3000:]
-    # killed while writing its 3rd checkpoint file (step 10's last.ckpt): re-running the command continues it
+    # killed while writing its 3rd checkpoint file (step 20's best.ckpt): re-running the command continues it
+    # from step 10, inside the first epoch
     p = train(tmp_path, *args, "hydra.run.dir=torn", fault="kill@save=3")
     assert p.returncode == -9 and list((tmp_path / "torn" / "checkpoints").glob(".*.tmp"))
     p = train(tmp_path, *args, "hydra.run.dir=torn")
     assert p.returncode == 0, p.stderr[-3000:]
 
     whole = strict_json(tmp_path / "whole" / "metrics.json")
-    for name, resumed_at in (("killed", [20]), ("torn", [10])):
+    for name, resumed_at in (("killed", [30]), ("torn", [10])):
         m = strict_json(tmp_path / name / "metrics.json")
         assert m["resumed_at_steps"] == resumed_at and m["steps"] == whole["steps"] == 40
         assert m["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)

@@ -98,7 +98,10 @@ class DataModule(L.LightningDataModule):
     def _batches_trained(self) -> Optional[int]:
         """Batches of the current epoch the Trainer has trained on (it fetches one ahead of that)."""
         trainer = self.trainer  # set by Lightning while this datamodule is in use
-        return None if trainer is None else trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if trainer is None:
+            return None
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return 0 if done >= trainer.num_training_batches else done  # a whole epoch: the next one starts afresh
 
 
 declare("data", "dataset / datamodule (chosen by the task unless given)", base=DataModule)

@@ -94,8 +94,10 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict:
         done = self._consumed() if self._consumed is not None else None
-        seed = getattr(self.sampler, "epoch_seed", None)
-        return {"batches": int(self._handed_out if done is None else done), "epoch_seed": seed}
+        done = int(self._handed_out if done is None else done)
+        # no batch of the epoch trained (or all of them): the next epoch draws its own seed, after the RNG restore
+        seed = getattr(self.sampler, "epoch_seed", None) if done else None
+        return {"batches": done, "epoch_seed": seed}
 
     def load_state_dict(self, state: dict) -> None:
         self._skip = int(state.get("batches", 0))
