@@ -28,8 +28,15 @@ from typing import Any, Optional
 
 import yaml
 
+from modforge.registry import ConfigError
+
 FINAL = ("finished", "diverged")  # a run in one of these has nothing left to do
 RECORDS = ("config.yaml", "metrics.json", "status.json", "checkpoints", "logs")  # what a run writes
+
+
+class RunDirTaken(ConfigError):
+    """The directory holds another run (or one training now): nothing may be written there, not even a
+    failure record."""
 
 
 @dataclass
@@ -146,6 +153,51 @@ def trim_metrics_csv(path: Path, step: int) -> None:
     if len(keep) != len(rows):
         with atomic_file(path, "w") as fh:
             csv.writer(fh, lineterminator="\n").writerows(keep)
+
+
+# --------------------------------------------------------------------------- one process per run
+
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def run_lock(d: Path):
+    """Hold ``d/.lock`` (an advisory ``flock``, released by the kernel when the process dies, even by SIGKILL)
+    while a run trains in ``d``: a second process that would train there (a sweep resumed while it still runs,
+    an overlapping requeue) is refused instead of writing into the same checkpoints and logs."""
+    try:
+        import fcntl
+    except ImportError:  # not on Unix: no lock
+        yield
+        return
+    Path(d).mkdir(parents=True, exist_ok=True)
+    fh = open(Path(d) / LOCK, "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise RunDirTaken(f"{d}: another process is training this run right now (it holds {d / LOCK}); "
+                              "wait for it, or stop it first") from None
+        yield
+    finally:
+        fh.close()
+
+
+def is_locked(d: Path) -> bool:
+    """Whether a process is training in ``d`` now."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        with open(Path(d) / LOCK) as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            return False
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------- new directories

@@ -36,7 +36,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf, open_dict
 
-from modforge.runs import CONTROL_KEYS, FINAL, config_difference, read_state
+from modforge.runs import CONTROL_KEYS, FINAL, config_difference, is_locked, read_state
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,8 @@ class PlannedSweeper(Sweeper):
         print_plan(plan, sweep_dir, dry=flags["dry_run"])
         conflicts = [p for p in plan if p.action == "conflict"]
         if conflicts:
-            OUTCOME.update(exit=2, summary=f"error: {len(conflicts)} job directories hold runs of another "
-                           f"configuration, so the sweep does not start: " + "; ".join(
+            OUTCOME.update(exit=2, summary=f"error: {len(conflicts)} job directories cannot be used (another "
+                           f"configuration's run, or one training now), so the sweep does not start: " + "; ".join(
                                f"#{p.num} {p.dir}: {p.why}" for p in conflicts))
             return []
         if flags["dry_run"]:
@@ -144,6 +144,9 @@ class PlannedSweeper(Sweeper):
         job_cfg = self.job_config(num, overrides)
         d = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
         state = read_state(d)
+        if is_locked(d):
+            return Planned(num, overrides, d, "conflict", "another process is training it now (is the sweep "
+                           "still running?)")
         if state.status == "foreign":
             return Planned(num, overrides, d, "conflict", state.error)
         if state.holds_run and state.config is not None:

@@ -20,6 +20,7 @@ from modforge.builtins import load_all
 from modforge.checkpoints import facts_state, find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
 from modforge.config import CONF_DIR, ROOT_KEYS, check_overrides, check_root_value, check_trainer_key, to_plain
+from modforge.runs import RunDirTaken
 
 
 def validate(cfg: DictConfig) -> None:
@@ -217,10 +218,6 @@ def unrecorded(ckpt: Any) -> bool:
         read_state(p.parent.parent).status not in FINAL
 
 
-class RunDirTaken(registry.ConfigError):
-    """The output directory holds another run: nothing may be written there (not even a failure record)."""
-
-
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """Train one configuration in ``out_dir``: config.yaml, checkpoints, CSV logs, then metrics.json.
 
@@ -229,6 +226,18 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     checkpoint it starts again. A directory holding a run of another configuration is refused.
     ``resume=`` continues the run it names: in place when that is ``out_dir``'s own, else in ``out_dir``.
     """
+    from modforge.runs import run_lock
+
+    t_start = time.perf_counter()
+    load_all()
+    validate(cfg)
+    resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
+    follower = os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ  # a DDP rank: rank 0 decided
+    with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
+        return _run_locked(cfg, out_dir, t_start, resume, follower)
+
+
+def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional[str], follower: bool) -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor
     from torch import nn
@@ -238,11 +247,6 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from modforge.io import write_json, write_text
     from modforge.runs import FINAL, clear_records, config_difference, read_state, trim_metrics_csv
 
-    t_start = time.perf_counter()
-    load_all()
-    validate(cfg)
-    resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
-    follower = os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ  # a DDP rank: rank 0 decided
     in_place = False
     if follower:
         decided = json.loads(os.environ[FOLLOW_ENV])

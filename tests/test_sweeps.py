@@ -233,3 +233,17 @@ def test_a_new_directory_is_claimed_once_per_process_and_never_shared(tmp_path, 
     assert runs.new_dir("out/%Y") == first and Path(first).is_dir()  # the same for the life of the process
     monkeypatch.setattr(runs, "_CLAIMED", {})  # another process, same second
     assert runs.new_dir("out/%Y") == first + "-2"
+
+
+def test_one_process_trains_a_run_at_a_time(tmp_path):
+    from modforge.runs import RunDirTaken, is_locked, run_lock
+
+    with run_lock(tmp_path):
+        assert is_locked(tmp_path)
+        with pytest.raises(RunDirTaken, match="another process is training this run right now"):
+            with run_lock(tmp_path):
+                pass
+        with pytest.raises(RunDirTaken, match="another process is training"):  # and run() says so, writing nothing
+            run(compose(tiny_overrides(steps=1) + ["data.max_chars=20000"]), tmp_path)
+        assert not (tmp_path / "status.json").exists() and not (tmp_path / "config.yaml").exists()
+    assert not is_locked(tmp_path)
