@@ -6,6 +6,7 @@
 * :class:`Checkpoints`: Lightning's ``ModelCheckpoint``, silent once a run has diverged;
 * :class:`AtomicCheckpointIO`: checkpoints written whole or not at all;
 * :class:`AppendingCSVLogger`: Lightning's CSV logger, continuing a resumed run's ``metrics.csv``;
+* :class:`LogProgress`: a progress display for log files (``callbacks.progress=log``);
 * :func:`injected_faults`: test hooks that kill or fail a run at a chosen step or checkpoint write.
 """
 import math
@@ -14,17 +15,19 @@ import random
 import signal
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from modforge.io import atomic_file, remove_stale_temporaries
+from modforge.output import say
 
 
 # --------------------------------------------------------------------------- RNG states
@@ -224,6 +227,73 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if injected_fault("kill", "save", self.saves):  # mid-write: the file is not renamed yet
                 fh.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- progress
+
+class LogProgress(ProgressBar):
+    """A progress display for logs that are files: one plain line every ``every`` optimizer steps and one after
+    each validation, through Python logging (so also into Hydra's ``train.log``), never ``\\r`` updates."""
+
+    def __init__(self, every: int = 50):
+        super().__init__()
+        self.every = every
+        self._on = True
+        self._last = -1
+        self._t0 = 0.0
+        self._step0 = 0
+
+    def disable(self) -> None:
+        self._on = False
+
+    def enable(self) -> None:
+        self._on = True
+
+    def on_train_start(self, trainer, pl_module):
+        self._t0, self._step0 = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if not self._on or step == self._last or step % self.every:
+            return
+        self._last = step
+        loss = trainer.callback_metrics.get("train/loss")
+        rate = (step - self._step0) / max(time.perf_counter() - self._t0, 1e-9)
+        total = f"/{trainer.max_steps}" if trainer.max_steps > 0 else ""
+        say(f"step {step}{total}  train/loss {float(loss):.4f}  {rate:.1f} steps/s" if loss is not None
+            else f"step {step}{total}  {rate:.1f} steps/s")
+
+    def on_validation_end(self, trainer, pl_module):
+        if not self._on or trainer.sanity_checking:
+            return
+        val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        what = "validation" if trainer.state.fn == "fit" else "evaluation"  # inside training, or on its own
+        say(f"step {trainer.global_step}  {what}  " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(val.items())))
+
+
+PROGRESS = ("auto", "tqdm", "rich", "log", "none")
+
+
+def progress_callbacks(choice: str, every: int, stdout_is_terminal: bool) -> list:
+    """The progress display ``callbacks.progress`` asks for: [] means Lightning's default (tqdm) or, for
+    "none", no display at all (the caller turns the Trainer's progress bar off)."""
+    if choice == "auto":
+        choice = "tqdm" if stdout_is_terminal else "log"
+    if choice == "log":
+        return [LogProgress(every)]
+    if choice == "rich":
+        from lightning.pytorch.callbacks import RichProgressBar
+
+        return [RichProgressBar()]
+    return []
+
+
+def configured_callbacks(node: Any) -> list:
+    """Every entry of the ``callbacks`` config with a ``_target_`` (early stopping, a user's own class ...),
+    instantiated by Hydra."""
+    from hydra.utils import instantiate
+
+    return [instantiate(v) for v in (node or {}).values() if isinstance(v, Mapping) and "_target_" in v]
 
 
 # --------------------------------------------------------------------------- logging

@@ -23,7 +23,9 @@ ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool
              "retry_failed": (bool,)}
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null"}
 PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
-                 "trainer": "lightning.Trainer settings (conf/trainer/)"}  # the YAML-only groups
+                 "trainer": "lightning.Trainer settings (conf/trainer/)",
+                 "callbacks": "optional Lightning callbacks and the progress display (conf/callbacks/); "
+                              "several at once: callbacks=[default,early_stopping]"}  # the YAML-only groups
 
 
 @contextlib.contextmanager
@@ -107,6 +109,8 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
             if sub and "." not in sub:
                 check_trainer_key(sub)
             continue
+        if head == "callbacks":  # settings and callbacks by _target_: checked by check_callbacks once composed
+            continue
         if head in ROOT_KEYS:
             _check_root(ov.input_line, head, sub, values)
             continue
@@ -151,6 +155,7 @@ def preset_options(group: str, loader: Any = None) -> list[str]:
 
 def check_preset(group: str, values: list, loader: Any) -> None:
     options = preset_options(group, loader)
+    values = [x for v in values for x in (v if isinstance(v, list) else [v])]  # group=[a,b]: several options
     for v in values:
         if v is not None and str(v) not in options:
             raise registry.ConfigError(
@@ -228,10 +233,63 @@ def check_output_dir(path: str, key: str) -> None:
         raise registry.ConfigError(f"{key}={path}: {probe} is not writable; choose another {key}")
 
 
+def check_callbacks(node: Any) -> None:
+    """The ``callbacks`` config: a known progress display, and every ``_target_`` an importable Lightning
+    callback class (a typo fails here, in one line, not after data preparation)."""
+    from modforge.callbacks import PROGRESS
+
+    node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else (node or {})
+    progress = node.get("progress", "auto")
+    if progress not in PROGRESS:
+        raise registry.ConfigError(f"callbacks.progress={progress}: one of {', '.join(PROGRESS)}"
+                                   f"{registry.suggest(str(progress), list(PROGRESS))}")
+    every = node.get("progress_every", 50)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise registry.ConfigError(f"callbacks.progress_every={every}: a number of steps >= 1")
+    if progress == "rich":
+        import importlib.util
+
+        if importlib.util.find_spec("rich") is None:
+            raise registry.ConfigError("callbacks.progress=rich needs the rich package: pip install rich")
+    import importlib
+
+    import lightning as L
+
+    def locate(path: str) -> Any:  # hydra.utils.get_class would also log the error (to handlers of an earlier run)
+        parts = path.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+            return obj
+        raise ImportError(f"no module in {path}")
+
+    for name, value in node.items():
+        if name in ("progress", "progress_every"):
+            continue
+        if not isinstance(value, dict) or "_target_" not in value:
+            raise registry.ConfigError(f"callbacks.{name}: expected a callback (a mapping with _target_: "
+                                       "a Lightning Callback class) or progress / progress_every")
+        try:
+            cls = locate(str(value["_target_"]))
+        except (ImportError, AttributeError) as e:
+            raise registry.ConfigError(f"callbacks.{name}._target_={value['_target_']}: cannot be imported "
+                                       f"({type(e).__name__}: {e})") from None
+        if not (isinstance(cls, type) and issubclass(cls, L.Callback)):
+            raise registry.ConfigError(f"callbacks.{name}._target_={value['_target_']}: not a lightning Callback")
+
+
 def check_trainer_key(key: str) -> None:
     """``key`` must be a Trainer argument that a config may set (see modforge.trainer_schema)."""
     from modforge.trainer_schema import SET_BY_MODFORGE, trainer_arguments
 
+    if key == "callbacks":
+        raise registry.ConfigError("trainer.callbacks: choose callbacks with callbacks=... (conf/callbacks/: "
+                                   "default, early_stopping, none; several: callbacks=[default,early_stopping]) "
+                                   "or add your own with +callbacks.NAME._target_=your.Callback")
     if key in SET_BY_MODFORGE:
         raise registry.ConfigError(f"trainer.{key}: set by modforge itself, not from the config")
     allowed = sorted(trainer_arguments())

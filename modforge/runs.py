@@ -101,7 +101,8 @@ CONTROL_KEYS = ("resume", "dry_run", "skip_invalid", "retry_failed")
 # keys a run may change without becoming another run (where data lives, what the summary shows, progress output)
 HOW_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
             "task.sample_prompt", "task.sample_temperature", "task.sample_top_k", "sample",
-            "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps")
+            "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
+            "callbacks.progress", "callbacks.progress_every")
 
 
 def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:

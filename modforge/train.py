@@ -19,7 +19,9 @@ from modforge import registry
 from modforge.builtins import load_all
 from modforge.checkpoints import facts_state, find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
-from modforge.config import CONF_DIR, ROOT_KEYS, check_overrides, check_root_value, check_trainer_key, to_plain
+from modforge.output import quiet, say
+from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_overrides, check_root_value,
+                             check_trainer_key, to_plain)
 from modforge.runs import RunDirTaken
 
 
@@ -28,6 +30,7 @@ def validate(cfg: DictConfig) -> None:
     (values in range), task, model and data fitting together, the root keys' types, the Trainer's values."""
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
+    check_callbacks(cfg.get("callbacks"))
     check_trainer_values(cfg.trainer)
     for key in ROOT_KEYS:
         check_root_value(key, cfg.get(key))
@@ -229,6 +232,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from modforge.runs import run_lock
 
     t_start = time.perf_counter()
+    quiet()
     load_all()
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
@@ -243,7 +247,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     from torch import nn
 
     from modforge.callbacks import (FAULT_ENV, AppendingCSVLogger, AtomicCheckpointIO, Checkpoints, DivergenceStop,
-                                    FaultInjector, RunRecord)
+                                    FaultInjector, RunRecord, configured_callbacks, progress_callbacks)
     from modforge.io import write_json, write_text
     from modforge.runs import FINAL, clear_records, config_difference, read_state, trim_metrics_csv
 
@@ -268,8 +272,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
                 raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff)})"
                                   "; choose an empty hydra.run.dir (or hydra.sweep.dir)")
             if state.status in FINAL:
-                print(f"[modforge] {out_dir} holds this run, {state.status} already: nothing to do "
-                      "(delete the directory to train it again)")
+                say(f"[modforge] {out_dir} holds this run, {state.status} already: nothing to do "
+                    "(delete the directory to train it again)")
                 return state.metrics
             if state.checkpoint is not None:
                 resume, in_place = str(state.checkpoint), True
@@ -311,10 +315,18 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     ckpt_cb = Checkpoints(divergence, dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss",
                           mode="min", save_top_k=1, save_last=True, auto_insert_metric_name=False)
     callbacks = [ckpt_cb, LearningRateMonitor(logging_interval="step"), record, divergence]
+    settings = OmegaConf.to_container(cfg.trainer, resolve=True)
+    chosen = plain.get("callbacks") or {}
+    progress = chosen.get("progress", "auto")
+    if progress == "none":
+        settings["enable_progress_bar"] = False
+    elif settings.get("enable_progress_bar") is not False:  # Lightning: None means on
+        callbacks += progress_callbacks(progress, int(chosen.get("progress_every", 50)), sys.stdout.isatty())
+    callbacks += configured_callbacks(chosen)
     if os.environ.get(FAULT_ENV):
         callbacks.append(FaultInjector())
     with _quiet_about_existing_records(in_place):
-        trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), default_root_dir=str(out_dir),
+        trainer = L.Trainer(**settings, default_root_dir=str(out_dir),
                             logger=AppendingCSVLogger(str(out_dir), name="logs", version=""), callbacks=callbacks,
                             plugins=[AtomicCheckpointIO()])
 
@@ -390,25 +402,26 @@ def _val_metrics(results: list) -> dict:
 
 def print_summary(m: dict, out_dir: Path) -> None:
     names = " ".join(f"{k}={v}" for k, v in m["config"].items())
-    print(f"\n== modforge run: {names}")
+    lines = ["", f"== modforge run: {names}"]
     val = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m["val"].items()))
     if m.get("diverged_at_step") is not None:
         last = m.get("last_finite_train") or {}
-        print(f"   DIVERGED   at step {m['diverged_at_step']}: the training loss was not finite "
-              f"(last finite: {last.get('train/loss', float('nan')):.4f} at step {last.get('step', '-')}); stopped")
-        print(f"   last finite validation (step {m.get('val_step', '-')}): {val or 'none'}")
+        lines.append(f"   DIVERGED   at step {m['diverged_at_step']}: the training loss was not finite "
+                 f"(last finite: {last.get('train/loss', float('nan')):.4f} at step {last.get('step', '-')}); stopped")
+        lines.append(f"   last finite validation (step {m.get('val_step', '-')}): {val or 'none'}")
     else:
-        print(f"   {m['status']:<10} {val}")
+        lines.append(f"   {m['status']:<10} {val}")
     if m.get("val_loss_at_start") is not None:
         extra = f" (unigram model: {m['unigram_val_loss']:.4f})" if "unigram_val_loss" in m else ""
-        print(f"   at start   val/loss={m['val_loss_at_start']:.4f}{extra}")
+        lines.append(f"   at start   val/loss={m['val_loss_at_start']:.4f}{extra}")
     tps = m["tokens_per_sec"]
     resumed = f", resumed at step {', '.join(map(str, m['resumed_at_steps']))}" if m.get("resumed_at_steps") else ""
-    print(f"   {m['params']:,} parameters (FFN hidden width {m['ffn_hidden']}), {m['steps']} steps, {m['tokens_seen']:,} tokens, "
+    lines.append(f"   {m['params']:,} parameters (FFN hidden width {m['ffn_hidden']}), {m['steps']} steps, {m['tokens_seen']:,} tokens, "
           f"{m['train_seconds']:.1f} s training ({tps or 0:,.0f} tokens/s), {m['wall_seconds']:.1f} s wall{resumed}")
     if m.get("sample"):
-        print("   sample:\n" + "\n".join("   | " + line for line in m["sample"].splitlines()))
-    print(f"   outputs: {out_dir}")
+        lines.append("   sample:\n" + "\n".join("   | " + line for line in m["sample"].splitlines()))
+    lines.append(f"   outputs: {out_dir}")
+    say("\n".join(lines))
 
 
 _HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
