@@ -298,6 +298,51 @@ def configured_callbacks(node: Any) -> list:
 
 # --------------------------------------------------------------------------- logging
 
+def configured_loggers(node: Any, out_dir: Path, name: str, group: str) -> list:
+    """The loggers ``logger=`` chose (every entry with a ``_target_``), instantiated by Hydra with the run's
+    defaults filled in where the config leaves them open: files under the run directory (``save_dir``, an
+    MLflow file store), the run's name and, for W&B, its group. CSV is not among them: every run writes
+    ``logs/metrics.csv`` (:class:`AppendingCSVLogger`)."""
+    import inspect
+
+    from hydra.utils import get_class, instantiate
+
+    from modforge.registry import ConfigError
+
+    out = []
+    for key, value in (node or {}).items():
+        if not isinstance(value, Mapping) or "_target_" not in value:
+            continue
+        params = inspect.signature(get_class(value["_target_"]).__init__).parameters
+        extra: dict = {}
+        if "save_dir" in params and value.get("save_dir") is None:
+            extra["save_dir"] = str(out_dir)
+        if "tracking_uri" in params and value.get("tracking_uri") is None:  # a file store: offline, in the run
+            extra["tracking_uri"] = (out_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in
+        for key in ("run_name", "name"):
+            if key in params and key in value and value.get(key) is None:
+                extra[key] = name
+        if "group" in value and value.get("group") is None:
+            extra["group"] = group
+        try:
+            out.append(instantiate(dict(value), **extra))
+        except Exception as e:  # noqa: BLE001 - the logger's own complaint (a server unreachable, a bad key ...)
+            cause = e.__cause__ or e
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise ConfigError(f"logger.{key} could not be created: {type(cause).__name__}: {first}") from None
+    return out
+
+
+def finish_loggers(loggers: list) -> None:
+    """End each logger's run now (W&B keeps one run per process open otherwise, so the next job of a sweep
+    would log into it: W&B #1314, Lightning #5212)."""
+    for logger in loggers:
+        experiment = getattr(logger, "_experiment", None)
+        if type(logger).__name__ == "WandbLogger" and hasattr(experiment, "finish"):
+            experiment.finish()
+
+
 class _AppendingWriter(ExperimentWriter):
     """Lightning's CSV writer deletes an existing ``metrics.csv``; this one continues it (its columns kept)."""
 

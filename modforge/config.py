@@ -25,7 +25,9 @@ _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(Non
 PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
                  "trainer": "lightning.Trainer settings (conf/trainer/)",
                  "callbacks": "optional Lightning callbacks and the progress display (conf/callbacks/); "
-                              "several at once: callbacks=[default,early_stopping]"}  # the YAML-only groups
+                              "several at once: callbacks=[default,early_stopping]",
+                 "logger": "where metrics go besides logs/metrics.csv (conf/logger/): csv, tensorboard, mlflow, "
+                           "wandb; several at once: logger=[tensorboard,mlflow]"}  # the YAML-only groups
 
 
 @contextlib.contextmanager
@@ -97,6 +99,9 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
                     f"{ov.input_line}: modforge needs {key}; choose another option or value instead of deleting it")
             continue
         values = _values(ov)
+        if head in PRESET_GROUPS and not sub and ov.input_line.startswith("+"):
+            raise registry.ConfigError(f"{ov.input_line}: {head} is a config group that always has an option; "
+                                       f"choose one with {ov.input_line[1:]} (no +)")
         if key.startswith("hydra/") or (head in PRESET_GROUPS and not sub) or (
                 head not in kinds and head not in ROOT_KEYS and head != "trainer" and loader.get_group_options(key)):
             check_preset(key, values, loader)
@@ -109,7 +114,7 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
             if sub and "." not in sub:
                 check_trainer_key(sub)
             continue
-        if head == "callbacks":  # settings and callbacks by _target_: checked by check_callbacks once composed
+        if head in ("callbacks", "logger"):  # checked by check_callbacks / check_loggers once composed
             continue
         if head in ROOT_KEYS:
             _check_root(ov.input_line, head, sub, values)
@@ -251,21 +256,7 @@ def check_callbacks(node: Any) -> None:
 
         if importlib.util.find_spec("rich") is None:
             raise registry.ConfigError("callbacks.progress=rich needs the rich package: pip install rich")
-    import importlib
-
     import lightning as L
-
-    def locate(path: str) -> Any:  # hydra.utils.get_class would also log the error (to handlers of an earlier run)
-        parts = path.split(".")
-        for i in range(len(parts) - 1, 0, -1):
-            try:
-                obj = importlib.import_module(".".join(parts[:i]))
-            except ImportError:
-                continue
-            for attr in parts[i:]:
-                obj = getattr(obj, attr)
-            return obj
-        raise ImportError(f"no module in {path}")
 
     for name, value in node.items():
         if name in ("progress", "progress_every"):
@@ -273,19 +264,65 @@ def check_callbacks(node: Any) -> None:
         if not isinstance(value, dict) or "_target_" not in value:
             raise registry.ConfigError(f"callbacks.{name}: expected a callback (a mapping with _target_: "
                                        "a Lightning Callback class) or progress / progress_every")
-        try:
-            cls = locate(str(value["_target_"]))
-        except (ImportError, AttributeError) as e:
-            raise registry.ConfigError(f"callbacks.{name}._target_={value['_target_']}: cannot be imported "
-                                       f"({type(e).__name__}: {e})") from None
+        cls = _locate_class(f"callbacks.{name}", str(value["_target_"]))
         if not (isinstance(cls, type) and issubclass(cls, L.Callback)):
             raise registry.ConfigError(f"callbacks.{name}._target_={value['_target_']}: not a lightning Callback")
+
+
+LOGGER_PACKAGES = {"TensorBoardLogger": ("tensorboard", "tensorboardX"), "MLFlowLogger": ("mlflow",),
+                   "WandbLogger": ("wandb",), "CometLogger": ("comet_ml",), "NeptuneLogger": ("neptune",)}
+
+
+def check_loggers(node: Any) -> None:
+    """Every ``logger`` entry: a Lightning logger class whose package is installed (one line naming the extra
+    to install, before any work)."""
+    import importlib.util
+
+    import lightning as L
+
+    node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else (node or {})
+    for name, value in node.items():
+        if name == "csv" and not value:
+            continue  # the run's own logs/metrics.csv, always written
+        if not isinstance(value, dict) or "_target_" not in value:
+            raise registry.ConfigError(f"logger.{name}: expected a logger (a mapping with _target_: a Lightning "
+                                       "logger class); options: " + ", ".join(preset_options("logger")))
+        cls = _locate_class(f"logger.{name}", str(value["_target_"]))
+        if not (isinstance(cls, type) and issubclass(cls, L.pytorch.loggers.Logger)):
+            raise registry.ConfigError(f"logger.{name}._target_={value['_target_']}: not a lightning Logger")
+        needs = LOGGER_PACKAGES.get(cls.__name__, ())
+        if needs and not any(importlib.util.find_spec(p) for p in needs):
+            raise registry.ConfigError(f"logger={name} needs the {' or '.join(needs)} package: "
+                                       "pip install 'modforge[loggers]'")
+
+
+def _locate_class(key: str, path: str) -> Any:
+    """The class ``path`` names (hydra.utils.get_class would also log the error, to handlers of an earlier run)."""
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError as e:
+            raise registry.ConfigError(f"{key}._target_={path}: cannot be imported (AttributeError: {e})") from None
+        return obj
+    raise registry.ConfigError(f"{key}._target_={path}: cannot be imported (no module in {path})")
 
 
 def check_trainer_key(key: str) -> None:
     """``key`` must be a Trainer argument that a config may set (see modforge.trainer_schema)."""
     from modforge.trainer_schema import SET_BY_MODFORGE, trainer_arguments
 
+    if key == "logger":
+        raise registry.ConfigError("trainer.logger: choose loggers with logger=... (conf/logger/: csv, tensorboard, "
+                                   "mlflow, wandb; several: logger=[tensorboard,mlflow]); logs/metrics.csv is "
+                                   "always written")
     if key == "callbacks":
         raise registry.ConfigError("trainer.callbacks: choose callbacks with callbacks=... (conf/callbacks/: "
                                    "default, early_stopping, none; several: callbacks=[default,early_stopping]) "

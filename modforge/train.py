@@ -20,8 +20,8 @@ from modforge.builtins import load_all
 from modforge.checkpoints import facts_state, find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
 from modforge.output import quiet, say
-from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_overrides, check_root_value,
-                             check_trainer_key, to_plain)
+from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
+                             check_root_value, check_trainer_key, to_plain)
 from modforge.runs import RunDirTaken
 
 
@@ -31,6 +31,7 @@ def validate(cfg: DictConfig) -> None:
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
     check_callbacks(cfg.get("callbacks"))
+    check_loggers(cfg.get("logger"))
     check_trainer_values(cfg.trainer)
     for key in ROOT_KEYS:
         check_root_value(key, cfg.get(key))
@@ -247,7 +248,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     from torch import nn
 
     from modforge.callbacks import (FAULT_ENV, AppendingCSVLogger, AtomicCheckpointIO, Checkpoints, DivergenceStop,
-                                    FaultInjector, RunRecord, configured_callbacks, progress_callbacks)
+                                    FaultInjector, RunRecord, configured_callbacks, configured_loggers,
+                                    finish_loggers, progress_callbacks)
     from modforge.io import write_json, write_text
     from modforge.runs import FINAL, clear_records, config_difference, read_state, trim_metrics_csv
 
@@ -327,7 +329,9 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         callbacks.append(FaultInjector())
     with _quiet_about_existing_records(in_place):
         trainer = L.Trainer(**settings, default_root_dir=str(out_dir),
-                            logger=AppendingCSVLogger(str(out_dir), name="logs", version=""), callbacks=callbacks,
+                            logger=[AppendingCSVLogger(str(out_dir), name="logs", version=""),
+                                    *configured_loggers(plain.get("logger"), out_dir, *run_names(out_dir))],
+                            callbacks=callbacks,
                             plugins=[AtomicCheckpointIO()])
 
     # DDP ranks (Lightning starts them at the first validate or fit) follow this process's decision
@@ -378,7 +382,23 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     if trainer.is_global_zero:
         write_json(out_dir / "metrics.json", metrics, indent=2)
         print_summary(metrics, out_dir)
+    finish_loggers(trainer.loggers)
     return metrics
+
+
+def run_names(out_dir: Path) -> tuple[str, str]:
+    """(run name, group) for loggers that show runs by name: the job's overrides, and the same without the seed
+    (the runs of one configuration); outside Hydra, the directory's name."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from modforge.runs import CONTROL_KEYS
+
+    if not HydraConfig.initialized():
+        return out_dir.name, out_dir.name
+    overrides = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in CONTROL_KEYS]
+    name = ",".join(overrides) or "defaults"
+    group = ",".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "seed") or "defaults"
+    return name, group
 
 
 @contextlib.contextmanager

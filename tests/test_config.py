@@ -47,5 +47,7 @@ def test_any_trainer_argument_is_a_key_and_typos_suggest():
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.max_steps == 2000  # gpu inherits cpu's settings
     with pytest.raises(ConfigError, match="trainer.acumulate_grad_batches.*Did you mean 'accumulate_grad_batches'"):
         compose(["trainer.acumulate_grad_batches=2"])
-    with pytest.raises(ConfigError, match="set by modforge"):
+    with pytest.raises(ConfigError, match="trainer.logger: choose loggers with logger="):
         compose(["trainer.logger=false"])
+    with pytest.raises(ConfigError, match="set by modforge"):
+        compose(["trainer.default_root_dir=x"])

@@ -402,3 +402,48 @@ def test_auto_progress_is_a_bar_in_a_terminal_and_lines_in_a_file():
     assert progress_callbacks("auto", 50, stdout_is_terminal=True) == []  # Lightning's own tqdm bar
     assert isinstance(progress_callbacks("auto", 50, stdout_is_terminal=False)[0], LogProgress)
     assert isinstance(progress_callbacks("log", 7, stdout_is_terminal=True)[0], LogProgress)
+
+
+def test_tensorboard_and_mlflow_loggers_write_the_runs_metrics_offline(tmp_path):
+    pytest.importorskip("tensorboardX", reason="the loggers extra (tensorboardX) is part of the test extra")
+    pytest.importorskip("mlflow", reason="the loggers extra (mlflow-skinny) is part of the test extra")
+    m = run(compose(tiny_overrides(steps=4) + ["trainer.val_check_interval=2", "data.max_chars=20000", "sample=false",
+                                               "logger=[csv,tensorboard,mlflow]"]), tmp_path)
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and any(b"val/loss" in e.read_bytes() for e in events)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    (run_info,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    logged = [h.value for h in client.get_metric_history(run_info.info.run_id, "val/loss")]
+    assert logged and logged[-1] == pytest.approx(m["val"]["val/loss"], rel=1e-6)  # the final validation
+    assert (tmp_path / "logs" / "metrics.csv").exists()  # the run's own record, whatever the loggers
+
+
+def test_wandb_logs_offline_and_finishes_its_run(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="wandb is in the 'loggers' extra, not in the test extra (a large "
+                                                "download for every CI run); this test runs where it is installed")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false", "logger=wandb",
+                                           "logger.wandb.offline=true"]), tmp_path)
+    assert list((tmp_path / "wandb").glob("offline-run-*")) and wandb.run is None  # finished, not left open
+
+
+@pytest.mark.parametrize("extra", [[], ["tokenizer=bpe", "data.vocab_size=300"]], ids=["char", "bpe"])
+def test_an_exported_model_gives_the_checkpoints_logits_exactly(tmp_path, extra):
+    from modforge.checkpoints import load_checkpoint
+    from modforge.export import export, load_exported, main as export_main
+
+    extra = [e.replace("tokenizer=", "data.tokenizer=") for e in extra]
+    m = run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false", *extra]), tmp_path / "run")
+    export_main([f"ckpt={tmp_path / 'run'}", f"out={tmp_path / 'exported'}"])
+    files = sorted(p.name for p in (tmp_path / "exported").iterdir())
+    assert files == ["config.json", "model.safetensors"]
+    raw = (tmp_path / "exported" / "model.safetensors").read_bytes()
+    header = int.from_bytes(raw[:8], "little")
+    assert raw[8:9] == b"{" and json.loads(raw[8:8 + header])["__metadata__"]["format"] == "modforge-export-1"
+    a, b = load_checkpoint(m["checkpoint"]), load_exported(tmp_path / "exported")
+    x = torch.tensor([a.tokenizer.encode("def f(x):\n    return x")])
+    assert torch.equal(a.model(x), b.model(x))
+    assert b.tokenizer.encode("def g()") == a.tokenizer.encode("def g()")
+    assert export(m["checkpoint"], tmp_path / "again") == tmp_path / "again"  # a .ckpt file works too
