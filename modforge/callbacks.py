@@ -21,7 +21,7 @@ from typing import Any, Optional
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, ThroughputMonitor
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -294,6 +294,66 @@ def configured_callbacks(node: Any) -> list:
     from hydra.utils import instantiate
 
     return [instantiate(v) for v in (node or {}).values() if isinstance(v, Mapping) and "_target_" in v]
+
+
+# --------------------------------------------------------------------------- throughput
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a batch of any built-in task: (x, y) windows, or a dict of padded sequences."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))
+    return int(first.shape[0])
+
+
+def batch_tokens(batch: Any) -> int:
+    """Input tokens in a batch (positions, padding included: what the model computes on)."""
+    if isinstance(batch, (list, tuple)):
+        return int(batch[0].numel())
+    return int(sum(batch[k].numel() for k in ("src", "tgt_in") if k in batch))
+
+
+def step_flops(pl_module: Any, batch: Any) -> Optional[int]:
+    """FLOPs of one training step (forward and backward) for token-stream batches, counted by torch's
+    FlopCounter on a copy of the model on the meta device (nothing is computed); None for other batches."""
+    import copy
+
+    from lightning.fabric.utilities.throughput import measure_flops
+
+    if not (isinstance(batch, (list, tuple)) and isinstance(batch[0], torch.Tensor)):
+        return None
+    with torch.device("meta"):
+        model = copy.deepcopy(pl_module.model).to("meta")
+    x = torch.zeros(tuple(batch[0].shape), dtype=torch.long, device="meta")
+    return int(measure_flops(model, lambda: model(x), loss_fn=torch.Tensor.sum))
+
+
+class TokenThroughput(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor`` for modforge's batches (``callbacks=[default,throughput]``): batches,
+    samples and tokens per second, and, when the FLOPs of a step can be counted (:func:`step_flops`, on the
+    first batch's shape), FLOPs per second and MFU (the latter where Lightning knows the device's peak: CUDA
+    GPUs). Logged to every logger as ``train/device/...`` every ``log_every_n_steps``."""
+
+    def __init__(self, measure_flops: bool = True, **kwargs: Any):
+        super().__init__(batch_size_fn=batch_samples, length_fn=batch_tokens, **kwargs)
+        self.measure_flops = measure_flops
+        self._train_flops: Optional[int] = None
+        self._measured = False
+
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
+        pl_module.flops_per_batch = None  # Lightning reads the attribute at every stage; train steps set it
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.measure_flops and not self._measured:
+            self._measured = True
+            try:
+                self._train_flops = step_flops(pl_module, batch)
+            except Exception as e:  # noqa: BLE001 - an op the FlopCounter cannot run on meta tensors
+                say(f"[modforge] FLOPs per step not measured ({type(e).__name__}: {e}); throughput without them")
+        pl_module.flops_per_batch = self._train_flops
+
+    def on_validation_start(self, trainer, *args):
+        super().on_validation_start(trainer, *args)
+        trainer.lightning_module.flops_per_batch = None  # a training step's FLOPs do not describe validation
 
 
 # --------------------------------------------------------------------------- logging

@@ -11,6 +11,11 @@ generated text. Keys (``key=value``, any order):
   beam_size, length_penalty                                     (beam; 4, 1.0)
   temperature, top_k, top_p, seed                               (sample; 1.0, 0 = off, 1.0 = off, 0)
   num_samples     independent samples to print                  (sample; 1)
+
+Examples:
+  python -m modforge.generate ckpt=outputs/<date>/<time> prompt="def main(" max_new=100
+  python -m modforge.generate ckpt=outputs/<date>/<time> prompt="ROMEO:" strategy=sample temperature=0.8 top_k=40
+  python -m modforge.generate ckpt=outputs/<date>/<time> src="0412" strategy=beam beam_size=4   (encoder_decoder)
 """
 from dataclasses import dataclass
 from typing import Optional

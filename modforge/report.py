@@ -11,6 +11,11 @@
   out=DIR                also write DIR/report.md, report.csv, report.json and the plots (PNG and SVG; plots need
                          the optional extra: pip install 'modforge[report]')
 
+Examples:
+  python -m modforge.report multirun/<date>/<time>
+  python -m modforge.report multirun/<date>/<time> baseline=norm=layer out=experiments/results/my_study
+  python -m modforge.report multirun/<date>/<time> metric=val/bpc format=csv
+
 Every job directory under the sweep directory (one with ``.hydra/overrides.yaml``)
 counts, with the status its records give (:func:`modforge.runs.read_state`):
 ``finished`` (a ``metrics.json``), ``diverged`` (stopped on a non-finite loss, or a

@@ -334,8 +334,8 @@ def test_ddp_inside_a_sweep_runs_each_job_once_in_its_own_directory(tmp_path):
 def test_train_help_lists_the_config_groups_and_no_nested_kind():
     p = subprocess.run([sys.executable, "-m", "modforge.train", "--help"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
-    groups = p.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
-    assert "norm: batch" in groups and "experiment:" in groups
+    groups = p.stdout.split("== Configuration groups ==")[1].split("== Keys of the run ==")[0]
+    assert "norm: batch" in groups and "experiment:" in groups and "logger: csv" in groups
     assert "activation:" not in groups and "tokenizer:" not in groups  # chosen through ffn.activation, data.tokenizer
 
 
@@ -447,3 +447,64 @@ def test_an_exported_model_gives_the_checkpoints_logits_exactly(tmp_path, extra)
     assert torch.equal(a.model(x), b.model(x))
     assert b.tokenizer.encode("def g()") == a.tokenizer.encode("def g()")
     assert export(m["checkpoint"], tmp_path / "again") == tmp_path / "again"  # a .ckpt file works too
+
+
+def test_the_throughput_callback_logs_tokens_and_counted_flops(tmp_path):
+    import csv
+
+    m = run(compose(tiny_overrides(steps=6) + ["data.max_chars=20000", "sample=false", "trainer.log_every_n_steps=1",
+                                               "callbacks=[default,throughput]", "callbacks.throughput.window_size=2"]),
+            tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "metrics.csv")))
+    tokens = [float(r["train/device/items_per_sec"]) for r in rows if r.get("train/device/items_per_sec")]
+    flops = [float(r["train/device/flops_per_sec"]) for r in rows if r.get("train/device/flops_per_sec")]
+    assert tokens and flops and all(t > 0 for t in tokens)
+    # counted FLOPs per step: at least the 6·N·D estimate's matrix work on the non-embedding parameters
+    per_step = flops[-1] / tokens[-1] * (12 * 64)
+    assert per_step > 6 * m["params_non_embedding"] * 12 * 64 * 0.9
+
+
+FRONT_DOOR = """
+import contextlib, io, runpy, sys
+sys.argv = sys.argv[1:]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module(sys.argv[0], run_name="__main__")
+    except SystemExit as e:
+        assert not e.code, e.code
+print(repr(out.getvalue()))
+print("torch" in sys.modules, "lightning" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_help_and_tab_completion_answer_without_torch(tmp_path):
+    """After one full load has cached the registry's manifest, --help and a completion query import neither
+    torch nor Lightning; completion understands the README's `python -m modforge.train` invocation."""
+    env = dict(os.environ, MODFORGE_CACHE=str(tmp_path), COMP_LINE="python -m modforge.train norm=r",
+               COMP_POINT=str(len("python -m modforge.train norm=r")))
+    first = subprocess.run([sys.executable, "-m", "modforge.train", "--help"], env=env, capture_output=True,
+                           text=True, timeout=120)  # no manifest yet: the full registry, then the manifest written
+    assert first.returncode == 0 and (tmp_path / "manifest.json").exists()
+    outs = {}
+    for argv in (["modforge.train", "--help"], ["modforge.train", "-sc", "query=bash"]):
+        p = subprocess.run([sys.executable, "-c", FRONT_DOOR, *argv], env=env, capture_output=True, text=True,
+                           timeout=120)
+        out, imported = p.stdout.strip().splitlines()[-2:]
+        assert imported == "False False", (argv, p.stdout[-2000:], p.stderr[-2000:])
+        outs[argv[-1]] = eval(out)  # the repr printed above
+    assert outs["query=bash"].split() == ["norm=rms"]
+    assert outs["--help"] == first.stdout  # from the manifest, word for word what the full registry gives
+    install = subprocess.run([sys.executable, "-m", "modforge.train", "-sc", "install=bash"], env=env,
+                             capture_output=True, text=True, timeout=120).stdout
+    assert "complete -o nospace -o default -F _modforge_train_complete python python3 modforge-train" in install
+
+
+@pytest.mark.parametrize("module", ["modforge.generate", "modforge.list", "modforge.report", "modforge.export"])
+def test_every_command_explains_itself(module, capsys):
+    import importlib
+
+    importlib.import_module(module).main(["--help"])
+    out = capsys.readouterr().out
+    assert f"python -m {module}" in out and ("Example" in out or "  python -m" in out), out[:500]

@@ -48,13 +48,14 @@ def _as_search_path(entry: str) -> str:
 class ModforgeSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         try:
-            from modforge import registry
+            from modforge import manifest, registry
             from modforge.builtins import load_all
         except ImportError:  # modforge uninstalled but this module left behind
             return
         if not _is_modforge_search_path(search_path):
             return
-        load_all()  # cached: a no-op after modforge.train / modforge.config.compose loaded it
+        if not manifest.installed:  # --help / Tab completion: the cached manifest recorded the directories
+            load_all()  # cached: a no-op after modforge.train / modforge.config.compose loaded it
         present = {el.path for el in search_path.get_path()}
         for provider, path in registry.plugin_config_dirs():
             path = _as_search_path(path)

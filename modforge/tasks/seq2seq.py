@@ -40,12 +40,13 @@ class Seq2Seq(Task):
         real = b["tgt_out"] != self.tokenizer.pad_id
         acc = (logits.argmax(-1)[real] == b["tgt_out"][real]).float().mean()
         B = b["src"].shape[0]
-        self.log("val/loss", loss, prog_bar=True, batch_size=B)
-        self.log("val/token_acc", acc, prog_bar=True, batch_size=B)
+        self.log("val/loss", loss, prog_bar=True, batch_size=B, sync_dist=True)
+        self.log("val/token_acc", acc, prog_bar=True, batch_size=B, sync_dist=True)
         if self.cfg.decode_in_val:
-            self.log("val/exact_match", self.exact_match(b), prog_bar=True, batch_size=B)
+            self.log("val/exact_match", self.exact_match(b), prog_bar=True, batch_size=B, sync_dist=True)
         if self.cfg.val_beam_size > 0:
-            self.log("val/exact_match_beam", self.exact_match(b, beam=self.cfg.val_beam_size), batch_size=B)
+            self.log("val/exact_match_beam", self.exact_match(b, beam=self.cfg.val_beam_size), batch_size=B,
+                     sync_dist=True)
         return loss
 
     @torch.no_grad()
