@@ -14,26 +14,24 @@ from typing import Optional
 from modforge import registry
 from modforge.builtins import load_all
 from modforge.cli import command
-from modforge.config import PRESET_GROUPS, check_preset, hydra_loader, preset_options
+from modforge.config import PRESET_GROUPS, check_preset, hydra_loader
 
 
 
-def _kind_header(kind: str) -> str:
-    k = registry.kind(kind)
-    how = f"chosen with {k.nested_in}=NAME" if k.nested_in else f"{kind}=NAME"
-    default = f", default {k.default}" if k.default else ""
-    base = f", base {k.base.__module__}.{k.base.__qualname__}" if k.base else ""
-    return f"{kind}: {k.doc} ({how}{default}{base})"
+def _kind_header(kind: str, k: dict) -> str:
+    how = f"chosen with {k['nested_in']}=NAME" if k["nested_in"] else f"{kind}=NAME"
+    default = f", default {k['default']}" if k["default"] else ""
+    base = f", base {k['base']}" if k["base"] else ""
+    return f"{kind}: {k['doc']} ({how}{default}{base})"
 
 
-def render_kind(kind: str) -> list[str]:
-    reg = registry.registry(kind)
-    lines = [_kind_header(kind)]
-    for e in reg.entries():
-        params = ", ".join(f"{k}={v!r}" for k, v in e.default_params().items())
-        ambiguous = "  [AMBIGUOUS]" if len(reg._entries[e.name]) > 1 else ""
-        lines.append(f"  {e.name:<16} [{e.provider}]{ambiguous}  {e.doc}")
-        lines.append(f"  {'':<16} {registry._qualname(e.cls)}" + (f"; {params}" if params else ""))
+def render_kind(kind: str, k: dict) -> list[str]:
+    """One kind, from the registry's data (:mod:`modforge.manifest`: the same with or without torch loaded)."""
+    lines = [_kind_header(kind, k)]
+    for e in k["entries"]:
+        ambiguous = "  [AMBIGUOUS]" if e["ambiguous"] else ""
+        lines.append(f"  {e['name']:<16} [{e['provider']}]{ambiguous}  {e['doc']}")
+        lines.append(f"  {'':<16} {e['class']}" + (f"; {e['params_text']}" if e["params_text"] else ""))
     return lines
 
 
@@ -53,8 +51,10 @@ def render_preset(group: str, name: str) -> str:
     return f"{group} {name}  [{provider}]  {path}\n\n{text.rstrip()}"
 
 
-def render_presets(group: str) -> list[str]:
-    return [f"{group}: {PRESET_GROUPS[group]} ({group}=NAME)"] + [f"  {o}" for o in preset_options(group)]
+def render_presets(group: str, data: dict) -> list[str]:
+    from modforge import manifest
+
+    return [f"{group}: {PRESET_GROUPS[group]} ({group}=NAME)"] + [f"  {o}" for o in manifest.preset_options(data, group)]
 
 
 def render_one(kind: str, name: str) -> str:
@@ -69,12 +69,16 @@ def render_one(kind: str, name: str) -> str:
     return "\n".join(lines)
 
 
-def render(kinds: Optional[list] = None) -> str:
-    load_all()
+def render(kinds: Optional[list] = None, data: Optional[dict] = None) -> str:
+    """Every kind (or those named) and the preset groups, from the cached manifest when it is current (no
+    torch), else from the registry loaded now."""
+    from modforge import manifest
+
+    data = data or manifest.read() or manifest.of_registry()
     lines: list[str] = []
-    for kind in kinds or [*registry.kinds(), *PRESET_GROUPS]:
-        lines += render_presets(kind) if kind in PRESET_GROUPS else render_kind(kind)
-    failed = registry.failed_plugins()
+    for kind in kinds or [*data["kinds"], *PRESET_GROUPS]:
+        lines += render_presets(kind, data) if kind in PRESET_GROUPS else render_kind(kind, data["kinds"][kind])
+    failed = data.get("failed") or {}
     if failed:
         lines.append("plugins that failed to load:")
         lines += [f"  {d}: {err}" for d, err in failed.items()]
@@ -82,14 +86,18 @@ def render(kinds: Optional[list] = None) -> str:
 
 
 def list_command(argv: list) -> None:
-    load_all()
-    if len(argv) == 2 and argv[1] not in [*registry.kinds(), *PRESET_GROUPS]:
+    from modforge import manifest
+
+    data = manifest.read() or manifest.of_registry()
+    if len(argv) == 2 and argv[1] not in [*data["kinds"], *PRESET_GROUPS]:
+        load_all()  # one component's whole docstring: its class
         print(render_preset(*argv) if argv[0] in PRESET_GROUPS else render_one(*argv))
         return
     for a in argv:
-        if a not in PRESET_GROUPS:
-            registry.registry(a)  # an unknown kind: one line with suggestions
-    print(render(argv or None))
+        if a not in PRESET_GROUPS and a not in data["kinds"]:
+            known = [*data["kinds"], *PRESET_GROUPS]
+            raise registry.ConfigError(f"Unknown kind '{a}'.{registry.suggest(a, known)} Kinds: {', '.join(known)}.")
+    print(render(argv or None, data))
 
 
 def main(argv: Optional[list] = None) -> None:

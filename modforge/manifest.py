@@ -73,13 +73,17 @@ def build() -> dict:
     kinds = {}
     for kind in registry.kinds():
         k = registry.kind(kind)
+        reg = registry.registry(kind)
         entries = [{"name": e.name, "provider": e.provider, "doc": e.doc, "class": registry._qualname(e.cls),
-                    "params": {n: _plain(v) for n, v in e.default_params().items()}, "defaults": dict(e.defaults)}
-                   for e in registry.registry(kind).entries()]
+                    "params": {n: _plain(v) for n, v in e.default_params().items()}, "defaults": dict(e.defaults),
+                    "params_text": ", ".join(f"{n}={v!r}" for n, v in e.default_params().items()),
+                    "ambiguous": len(reg._entries[e.name]) > 1}
+                   for e in reg.entries()]
         kinds[kind] = {"doc": k.doc, "default": k.default, "nested_in": k.nested_in, "top_level": k.top_level,
-                       "entries": entries}
+                       "base": f"{k.base.__module__}.{k.base.__qualname__}" if k.base else None, "entries": entries}
     return {"fingerprint": fingerprint(), "kinds": kinds,
             "config_dirs": [(label, _as_file(path)) for label, path in registry.plugin_config_dirs()],
+            "failed": registry.failed_plugins(),
             "trainer": {n: _plain(v) for n, v in trainer_arguments().items()}}
 
 

@@ -479,16 +479,16 @@ print("torch" in sys.modules, "lightning" in sys.modules)
 
 
 @pytest.mark.slow
-def test_help_and_tab_completion_answer_without_torch(tmp_path):
-    """After one full load has cached the registry's manifest, --help and a completion query import neither
-    torch nor Lightning; completion understands the README's `python -m modforge.train` invocation."""
+def test_help_list_and_tab_completion_answer_without_torch(tmp_path):
+    """After one full load has cached the registry's manifest, --help, modforge.list and a completion query
+    import neither torch nor Lightning; completion understands the README's `python -m modforge.train`."""
     env = dict(os.environ, MODFORGE_CACHE=str(tmp_path), COMP_LINE="python -m modforge.train norm=r",
                COMP_POINT=str(len("python -m modforge.train norm=r")))
     first = subprocess.run([sys.executable, "-m", "modforge.train", "--help"], env=env, capture_output=True,
                            text=True, timeout=120)  # no manifest yet: the full registry, then the manifest written
     assert first.returncode == 0 and (tmp_path / "manifest.json").exists()
     outs = {}
-    for argv in (["modforge.train", "--help"], ["modforge.train", "-sc", "query=bash"]):
+    for argv in (["modforge.train", "--help"], ["modforge.train", "-sc", "query=bash"], ["modforge.list"]):
         p = subprocess.run([sys.executable, "-c", FRONT_DOOR, *argv], env=env, capture_output=True, text=True,
                            timeout=120)
         out, imported = p.stdout.strip().splitlines()[-2:]
@@ -496,6 +496,9 @@ def test_help_and_tab_completion_answer_without_torch(tmp_path):
         outs[argv[-1]] = eval(out)  # the repr printed above
     assert outs["query=bash"].split() == ["norm=rms"]
     assert outs["--help"] == first.stdout  # from the manifest, word for word what the full registry gives
+    cold = subprocess.run([sys.executable, "-m", "modforge.list"], env=dict(env, MODFORGE_CACHE=str(tmp_path / "x")),
+                          capture_output=True, text=True, timeout=120)
+    assert outs["modforge.list"] == cold.stdout and "norm: " in cold.stdout
     install = subprocess.run([sys.executable, "-m", "modforge.train", "-sc", "install=bash"], env=env,
                              capture_output=True, text=True, timeout=120).stdout
     assert "complete -o nospace -o default -F _modforge_train_complete python python3 modforge-train" in install
