@@ -238,12 +238,15 @@ def readme_table() -> dict[str, tuple[list[str], str]]:
 
 
 def test_readme_vocabulary_table_agrees_with_the_registry():
-    from modforge.list import preset_options
+    from modforge.config import preset_options
 
     table = readme_table()
-    assert set(table) == set(BUILTIN_KINDS) | {"trainer"}, "one README row per kind, plus trainer"
+    assert set(table) == set(BUILTIN_KINDS) | {"trainer", "callbacks", "logger"}, \
+        "one README row per kind, plus the YAML groups trainer, callbacks and logger"
     for kind in BUILTIN_KINDS:
         names, default = table[kind]
         assert set(names) == builtin_names(kind), f"README row of {kind}: {sorted(names)} vs {sorted(builtin_names(kind))}"
         assert default == registry.kind(kind).default, f"README default of {kind}"
-    assert set(table["trainer"][0]) == set(preset_options("trainer"))
+    for group in ("trainer", "callbacks", "logger"):
+        assert set(table[group][0]) == set(preset_options(group)), f"README row of {group}"
+        assert table[group][1] == {"trainer": "cpu", "callbacks": "default", "logger": "csv"}[group]
