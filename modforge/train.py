@@ -10,6 +10,8 @@ import math
 import os
 import sys
 import time
+
+_IMPORTED = time.perf_counter()  # `python -m modforge.train` imports this module first: the command's clock
 from pathlib import Path
 from typing import Any, Optional
 
@@ -302,8 +304,11 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
+    clock = _Phases(t_start)
+    clock.mark("setup")  # registry, checks, the directory's state, a checkpoint read to resume
     dm = registry.build("data", cfg.data)
     facts = dm.prepare(tokenizer)
+    clock.mark("data")
     check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
     entry, task_cfg = registry.make_config("task", cfg.task)
     task = entry.cls(task_cfg, plain, facts)
@@ -311,6 +316,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     # Kaplan et al.'s N: without token and learned position embeddings (a tied output head counts once, there)
     n_embedding = sum(p.numel() for p in {p for m in task.model.modules() if isinstance(m, nn.Embedding)
                                            for p in m.parameters()})
+    clock.mark("model")
 
     record = RunRecord(started=t_start)
     divergence = DivergenceStop(cfg.divergence_patience)
@@ -333,6 +339,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
                                     *configured_loggers(plain.get("logger"), out_dir, *run_names(out_dir))],
                             callbacks=callbacks,
                             plugins=[AtomicCheckpointIO()])
+    clock.mark("trainer")
 
     # DDP ranks (Lightning starts them at the first validate or fit) follow this process's decision
     os.environ[FOLLOW_ENV] = json.dumps({"resume": resume, "in_place": in_place})
@@ -340,9 +347,13 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         if cfg.eval_at_start and not resume:
             record.val_loss_at_start = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get(
                 "val/loss")
+        clock.mark("eval_at_start")
         record.fit_started()
+        train_before = record.train_before
         with _quiet_about_existing_records(in_place):
             trainer.fit(task, datamodule=dm, ckpt_path=resume, weights_only=True)
+        clock.mark("fit")
+        clock.split("fit", "train_steps", record.train_seconds - train_before)  # the rest: validations, checkpoints
     finally:
         os.environ.pop(FOLLOW_ENV, None)
     fit_seconds = record.fit_seconds
@@ -358,6 +369,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         metrics["val"] = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
         if not all(math.isfinite(v) for v in metrics["val"].values()):
             metrics["status"] = "diverged"  # a non-finite validation metric (written null)
+    clock.mark("final_eval")
     metrics.update({
         "val_loss_at_start": record.val_loss_at_start,
         **{k: v for k, v in facts.stats.items() if k == "unigram_val_loss"},
@@ -378,7 +390,9 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
             metrics["sample"] = task.summary_sample()
         except Exception as e:  # noqa: BLE001 - the sample is a courtesy: a failure there loses no result
             metrics["sample_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    clock.mark("sample")
     metrics["wall_seconds"] = round(record.wall_seconds, 2)
+    metrics["session_seconds"] = {"before_run": round(t_start - _IMPORTED, 2), **clock.rounded()}
     if trainer.is_global_zero:
         write_json(out_dir / "metrics.json", metrics, indent=2)
         print_summary(metrics, out_dir)
@@ -399,6 +413,30 @@ def run_names(out_dir: Path) -> tuple[str, str]:
     name = ",".join(overrides) or "defaults"
     group = ",".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "seed") or "defaults"
     return name, group
+
+
+class _Phases:
+    """Where this session's wall time went (``metrics.json``'s ``session_seconds``): each phase from the end
+    of the one before. ``before_run`` is the command's own work before training starts (Hydra, pre-flight)."""
+
+    def __init__(self, t0: float):
+        self.last, self.seconds = t0, {}
+
+    def mark(self, name: str) -> float:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+        return self.seconds[name]
+
+    def split(self, whole: str, part: str, seconds: float) -> None:
+        """Report ``part`` of phase ``whole`` on its own (``whole`` keeps the rest)."""
+        part_s = max(0.0, min(seconds, self.seconds.get(whole, 0.0)))
+        self.seconds[whole] -= part_s
+        self.seconds[part] = part_s
+        self.seconds[f"{whole}_other"] = self.seconds.pop(whole)
+
+    def rounded(self) -> dict:
+        return {k: round(v, 2) for k, v in self.seconds.items()}
 
 
 @contextlib.contextmanager
