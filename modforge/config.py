@@ -19,7 +19,7 @@ CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
 
 
 ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
-             "divergence_patience": (int, type(None)), "dry_run": (bool,), "skip_invalid": (bool,),
+             "divergence_patience": (int, type(None)), "compile": (bool,), "dry_run": (bool,), "skip_invalid": (bool,),
              "retry_failed": (bool,)}
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null"}
 PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",

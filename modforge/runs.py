@@ -102,7 +102,7 @@ CONTROL_KEYS = ("resume", "dry_run", "skip_invalid", "retry_failed")
 HOW_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
             "task.sample_prompt", "task.sample_temperature", "task.sample_top_k", "sample",
             "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
-            "callbacks.progress", "callbacks.progress_every", "logger")
+            "callbacks.progress", "callbacks.progress_every", "logger", "compile")
 
 
 def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:

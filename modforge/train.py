@@ -312,6 +312,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
     entry, task_cfg = registry.make_config("task", cfg.task)
     task = entry.cls(task_cfg, plain, facts)
+    if cfg.get("compile"):
+        task.model.compile()  # nn.Module.compile: in place, so state-dict keys (checkpoints) stay the same
     n_params = sum(p.numel() for p in task.model.parameters())
     # Kaplan et al.'s N: without token and learned position embeddings (a tied output head counts once, there)
     n_embedding = sum(p.numel() for p in {p for m in task.model.modules() if isinstance(m, nn.Embedding)
@@ -595,7 +597,8 @@ Examples:
 {groups}
 
 == Keys of the run ==
-seed, resume, eval_at_start, sample, divergence_patience, and for sweeps dry_run, skip_invalid, retry_failed
+seed, resume, eval_at_start, sample, compile, divergence_patience, and for sweeps dry_run, skip_invalid,
+retry_failed
 (conf/train.yaml says what each does); trainer.<any lightning.Trainer argument>; <group>.<parameter>
 
 More: python -m modforge.list [KIND [NAME]]   every option with its parameters and defaults

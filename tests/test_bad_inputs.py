@@ -94,7 +94,7 @@ TRAIN = [
     (["+modle=encoder_only"], "'modle' is not a key or group"),
     (["modle=encoder_only"], "Did you mean 'model'"),
     (["+logger=wandb"], "+logger=wandb: logger is a config group that always has an option; choose one with logger=wandb"),
-    (["+compile=true"], "'compile' is not a key or group"),
+    (["+compile=true"], "Either remove + prefix: 'compile=true'"),
     (["seed=abc"], "seed must be an integer"),
     (["sample=maybe"], "sample must be true or false"),
     (["eval_at_start=3"], "eval_at_start must be true or false"),
