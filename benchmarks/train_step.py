@@ -1,6 +1,6 @@
 """Training-step throughput of modforge's model against a plain-torch peer, in one process.
 
-    python benchmarks/train_step.py [--steps 200] [--rounds 5] [--threads N]
+    python benchmarks/train_step.py [--steps 200] [--rounds 5] [--threads N] [--compile]
 
 Both models are the nanoGPT CPU size (d_model 128, 4 layers, 4 heads, block 64,
 batch 12, character vocabulary 70) and the same architecture: token + learned
@@ -12,6 +12,8 @@ i.e. what one would write by hand without modforge. Each round times
 (alternating, so drift on a noisy machine hits both); the report is the
 median tokens/second of each and their ratio. Lightning's own per-step work is
 not included here: ``metrics.json`` of a real run reports that end-to-end figure.
+``--compile`` runs both models through ``torch.compile`` (``nn.Module.compile``,
+what modforge's ``compile=true`` does); compilation happens in the warm-up.
 """
 import argparse
 import statistics
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -78,7 +81,9 @@ def main() -> None:
     models = {"modforge": ours(), "torch nn.TransformerEncoder": Peer()}
     for name, m in models.items():
         print(f"{name}: {sum(p.numel() for p in m.parameters()):,} parameters")
-        run(m, 20, data)  # warm-up
+        if a.compile:
+            m.compile()
+        run(m, 20, data)  # warm-up (and compilation)
     rates = {n: [] for n in models}
     for _ in range(a.rounds):
         for n, m in models.items():
@@ -87,7 +92,9 @@ def main() -> None:
     for n, r in rates.items():
         print(f"{n:>28}: median {med[n]:,.0f} tokens/s  (rounds: {', '.join(f'{x:,.0f}' for x in r)})")
     a_, b_ = med["modforge"], med["torch nn.TransformerEncoder"]
-    print(f"modforge / peer throughput ratio: {a_ / b_:.3f}  ({torch.get_num_threads()} threads, torch {torch.__version__})")
+    mode = "compiled" if a.compile else "eager"
+    print(f"modforge / peer throughput ratio ({mode}): {a_ / b_:.3f}  ({torch.get_num_threads()} threads, "
+          f"torch {torch.__version__})")
 
 
 if __name__ == "__main__":
