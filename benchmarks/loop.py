@@ -76,7 +76,8 @@ def loop_round(cfg, dm, task, steps: int, profiler=None, as_run: bool = False) -
     from lightning.pytorch.callbacks import LearningRateMonitor
     from omegaconf import OmegaConf
 
-    from modforge.callbacks import AppendingCSVLogger, DivergenceStop, LogProgress, RunRecord
+    from modforge.callbacks import DivergenceStop, RunRecord
+    from modforge.monitoring import AppendingCSVLogger, LogProgress
     from modforge.output import quiet
 
     quiet()

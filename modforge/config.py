@@ -241,7 +241,7 @@ def check_output_dir(path: str, key: str) -> None:
 def check_callbacks(node: Any) -> None:
     """The ``callbacks`` config: a known progress display, and every ``_target_`` an importable Lightning
     callback class (a typo fails here, in one line, not after data preparation)."""
-    from modforge.callbacks import PROGRESS
+    from modforge.monitoring import PROGRESS
 
     node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else (node or {})
     progress = node.get("progress", "auto")

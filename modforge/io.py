@@ -75,6 +75,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+CACHE_ENV = "MODFORGE_CACHE"
+DEFAULT_CACHE = "~/.cache/modforge"
+
+
+def cache_dir(given: Optional[str] = None) -> Path:
+    """modforge's cache directory (token and tokenizer caches, the registry manifest): ``given``, else
+    ``$MODFORGE_CACHE``, else ``~/.cache/modforge``. Not created here."""
+    return Path(os.path.expanduser(str(given or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)))
+
+
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (readers, and other DDP ranks writing the same file, see whole files)."""
     with atomic_file(path, "w") as fh:

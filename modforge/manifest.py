@@ -16,7 +16,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,8 +27,9 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def cache_file() -> Path:
-    root = Path(os.path.expanduser(os.environ.get("MODFORGE_CACHE") or "~/.cache/modforge"))
-    return root / "manifest.json"
+    from modforge.io import cache_dir
+
+    return cache_dir() / "manifest.json"
 
 
 def _files_of(origin: Optional[str]) -> list:
@@ -133,7 +133,7 @@ def install(data: dict) -> None:
         for e in k["entries"]:
             node: dict = {"name": e["name"]}
             if e["defaults"]:
-                node["defaults"] = [{f"/{g}@_global_.{g}": v} for g, v in e["defaults"].items()] + ["_self_"]
+                node["defaults"] = registry.option_defaults(e["defaults"])
             node.update(e["params"])
             cs.store(group=kind, name=e["name"], node=node, provider=e["provider"])
     cs.store(name=registry.DEFAULTS_NODE, node={"defaults": defaults}, provider="modforge")

@@ -317,11 +317,17 @@ def _store_defaults_in_hydra() -> None:
     ConfigStore.instance().store(name=DEFAULTS_NODE, node={"defaults": defaults_list()}, provider="modforge")
 
 
+def option_defaults(selects: dict) -> list:
+    """The Hydra defaults list of an option that selects other groups' options (a model its task, a task its
+    data): each at the top level of the config, then the option's own values."""
+    return [{f"/{g}@_global_.{g}": v} for g, v in selects.items()] + ["_self_"]
+
+
 def hydra_node(entry: Entry) -> type:
     """The dataclass Hydra composes for ``<kind>=<name>``: ``name`` first, then the config's fields."""
     fields: list[tuple] = [("name", str, field(default=entry.name))]
     if entry.defaults:
-        dl = [{f"/{g}@_global_.{g}": v} for g, v in entry.defaults.items()] + ["_self_"]
+        dl = option_defaults(entry.defaults)
         fields.append(("defaults", List[Any], field(default_factory=lambda dl=dl: list(dl))))
     hints = typing.get_type_hints(entry.config)  # real types even under `from __future__ import annotations`
     for f in dataclasses.fields(entry.config):

@@ -96,12 +96,16 @@ def read_state(d: Path) -> RunState:
     return RunState("new")
 
 
+# the sweep's own switches: read by the sweeper, never passed on to a job
+SWEEP_KEYS = ("dry_run", "skip_invalid", "retry_failed")
 # keys that say how a command runs, not what a run trains: they neither name nor distinguish runs
-CONTROL_KEYS = ("resume", "dry_run", "skip_invalid", "retry_failed")
-# keys a run may change without becoming another run (where data lives, what the summary shows, progress output)
-HOW_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
-            "task.sample_prompt", "task.sample_temperature", "task.sample_top_k", "sample",
-            "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
+# (conf/train.yaml excludes the same keys from a job directory's name)
+CONTROL_KEYS = ("resume", *SWEEP_KEYS)
+# component keys a resumed run may change: where the data is and how it is loaded, what the summary shows
+RESUME_FREE_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
+                    "task.sample_prompt", "task.sample_temperature", "task.sample_top_k")
+# keys a run may change without becoming another run: the above, and output, logging and compilation
+HOW_KEYS = (*RESUME_FREE_KEYS, "sample", "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
             "callbacks.progress", "callbacks.progress_every", "logger", "compile")
 
 

@@ -36,11 +36,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf, open_dict
 
-from modforge.runs import CONTROL_KEYS, FINAL, config_difference, is_locked, read_state
+from modforge.runs import CONTROL_KEYS, FINAL, SWEEP_KEYS, config_difference, is_locked, read_state
 
 log = logging.getLogger(__name__)
 
-SWEEP_KEYS = ("dry_run", "skip_invalid", "retry_failed")  # read here, never passed on to a job
 INVALID: dict = {}  # pre-flight results: job overrides (sorted tuple) -> the one-line reason it is invalid
 OUTCOME: dict = {}  # the last sweep's counts and exit code, for modforge.train
 

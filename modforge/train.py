@@ -22,9 +22,9 @@ from modforge.builtins import load_all
 from modforge.checkpoints import facts_state, find_checkpoint, read_checkpoint
 from modforge.cli import one_line_errors
 from modforge.output import quiet, say
-from modforge.config import (CONF_DIR, PRESET_GROUPS, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
+from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
                              check_root_value, check_trainer_key, to_plain)
-from modforge.runs import RunDirTaken
+from modforge.runs import RESUME_FREE_KEYS, RunDirTaken
 
 
 def validate(cfg: DictConfig) -> None:
@@ -121,11 +121,6 @@ def check_trainer_values(t: Any) -> None:
         named = [k for k in settings if f"{k}=" in first] or [k for k in settings if k in first]
         where = f"trainer.{named[0]}={settings[named[0]]}" if named else "trainer"
         raise registry.ConfigError(f"{where}: {first}") from None
-
-
-# keys a resumed run may change: where the data is and how it is loaded, what the end-of-run summary shows
-RESUME_FREE_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
-                    "task.sample_prompt", "task.sample_temperature", "task.sample_top_k")
 
 
 def user_override_keys(argv: Optional[list] = None) -> Optional[list]:
@@ -249,9 +244,10 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     from lightning.pytorch.callbacks import LearningRateMonitor
     from torch import nn
 
-    from modforge.callbacks import (FAULT_ENV, AppendingCSVLogger, AtomicCheckpointIO, Checkpoints, DivergenceStop,
-                                    FaultInjector, RunRecord, configured_callbacks, configured_loggers,
-                                    finish_loggers, progress_callbacks)
+    from modforge.callbacks import (FAULT_ENV, AtomicCheckpointIO, Checkpoints, DivergenceStop, FaultInjector,
+                                    RunRecord)
+    from modforge.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers, finish_loggers,
+                                     progress_callbacks)
     from modforge.io import write_json, write_text
     from modforge.runs import FINAL, clear_records, config_difference, read_state, trim_metrics_csv
 
@@ -583,84 +579,6 @@ def sweep_job_outcome(cfg: DictConfig, out_dir: Path) -> Optional[dict]:
         return None
 
 
-TRAIN_HELP = """python -m modforge.train [-m] [group=option ...] [key=value ...]   (also: modforge-train)
-
-Train one configuration, or with -m a sweep of them (the cross product of comma lists, or an experiment's
-grid). Every run writes config.yaml, checkpoints/, logs/metrics.csv and metrics.json into its directory
-(outputs/<date>/<time>, a sweep's job under multirun/<date>/<time>/); a bad value is one line, before any work.
-
-Examples:
-  python -m modforge.train                                      the default: a small decoder on the Python stdlib
-  python -m modforge.train norm=rms ffn=swiglu pos=rope          swap components
-  python -m modforge.train experiment=shakespeare_char           a preset (nanoGPT's character-level recipe)
-  python -m modforge.train -m norm=layer,rms seed=1,2,3          a sweep; then python -m modforge.report <its dir>
-  python -m modforge.train -m resume=multirun/<date>/<time>      continue a sweep (retry_failed=true: failed jobs too)
-  python -m modforge.train resume=outputs/<date>/<time>          continue a run in its directory, exactly
-  python -m modforge.train -m norm=layer,rms dry_run=true        the jobs and their directories, nothing trained
-
-== Configuration groups ==
-{groups}
-
-== Keys of the run ==
-seed, resume, eval_at_start, sample, compile, divergence_patience, and for sweeps dry_run, skip_invalid,
-retry_failed
-(conf/train.yaml says what each does); trainer.<any lightning.Trainer argument>; <group>.<parameter>
-
-More: python -m modforge.list [KIND [NAME]]   every option with its parameters and defaults
-      python -m modforge.train --cfg job       the composed config;  --hydra-help: Hydra's own flags
-      eval "$(python -m modforge.train -sc install=bash)"   Tab completion, for python -m modforge.train
-"""
-
-
-BASH_COMPLETION = r"""# Tab completion for `python -m modforge.train ...` and `modforge-train ...` (bash).
-# Install: eval "$(python -m modforge.train -sc install=bash)"   (e.g. in ~/.bashrc)
-_modforge_train_complete() {
-    case "$COMP_LINE" in
-        *"-m modforge.train"*|modforge-train*) ;;
-        *) return 0 ;;
-    esac
-    local words=($COMP_LINE) choices word
-    choices=$(COMP_LINE="$COMP_LINE" COMP_POINT="$COMP_POINT" python -m modforge.train -sc query=bash 2>/dev/null)
-    word=${words[$COMP_CWORD]}
-    [[ "$COMP_LINE" == *" " ]] && word=""
-    COMPREPLY=($(compgen -o nospace -o default -W "$choices" -- "$word"))
-}
-complete -o nospace -o default -F _modforge_train_complete python python3 modforge-train
-"""
-
-
-def completion_request(argv: list) -> Optional[str]:
-    """The value of ``-sc``/``--shell-completion`` (``install=bash``, ``query=bash`` ...), or None."""
-    for i, a in enumerate(argv):
-        if a in ("-sc", "--shell-completion") and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--shell-completion="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def as_hydra_completion_line() -> None:
-    """Hydra's completion reads ``$COMP_LINE`` as "<program> <overrides>": ``python -m modforge.train`` is
-    rewritten to one word, so completion works for the README's invocation too."""
-    import re
-
-    line = os.environ.get("COMP_LINE", "")
-    m = re.match(r"\s*\S*python[\d.]*\s+-m\s+modforge\.train", line)
-    if m:
-        os.environ["COMP_LINE"] = "modforge-train" + line[m.end():]
-        point = int(os.environ.get("COMP_POINT", len(line)))
-        os.environ["COMP_POINT"] = str(max(0, point - m.end() + len("modforge-train")))
-
-
-def train_help(data: dict) -> str:
-    """The command's help from the registry's data (the cached manifest: no torch, no Hydra composition)."""
-    from modforge import manifest
-
-    lines = [f"{k}: {', '.join(e['name'] for e in v['entries'])}" for k, v in data["kinds"].items() if v["top_level"]]
-    lines += [f"{g}: {', '.join(manifest.preset_options(data, g))}" for g in PRESET_GROUPS]
-    return TRAIN_HELP.format(groups="\n".join(lines))
-
-
 _HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc",
                      "--version")
 
@@ -787,18 +705,11 @@ def main(argv: Optional[list] = None) -> None:
     runs._CLAIMED.clear()  # a second command in one process (a notebook) gets its own new directory
     info = any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv)
     with one_line_errors():
-        from modforge import manifest
+        from modforge import frontdoor, manifest
 
         cached = manifest.read() if info else None
-        if any(a in ("-h", "--help") for a in argv):  # modforge's help: Hydra's composes every group (seconds)
-            print(train_help(cached or manifest.of_registry()))
+        if frontdoor.answer(argv, cached):  # --help, -sc install=bash: answered here, without Hydra
             return
-        shell = completion_request(argv)
-        if shell is not None and shell.startswith("install=bash"):
-            print(BASH_COMPLETION, end="")
-            return
-        if shell is not None and shell.startswith("query="):
-            as_hydra_completion_line()
         if cached is not None:  # Tab completion, --cfg: the registry as data, no torch, no Lightning
             manifest.install(cached)
         else:

@@ -19,9 +19,9 @@ FLOORS = {
     "modforge.decoding": 1, "modforge.data.tokenizers": 1, "modforge.data.corpus": 1,
     "modforge.models": 2, "modforge.data.cache": 2, "modforge.data.base": 2,
     "modforge.data": 3,
-    "modforge.tasks": 4, "modforge.callbacks": 4, "modforge.sweep": 4,
+    "modforge.tasks": 4, "modforge.callbacks": 4, "modforge.monitoring": 4, "modforge.sweep": 4,
     "modforge.builtins": 5, "modforge.checkpoints": 5, "modforge.config": 5, "modforge.manifest": 5,
-    "modforge.train": 6, "modforge.generate": 6, "modforge.list": 6, "modforge.report": 6, "modforge.export": 6, "modforge": 6,
+    "modforge.train": 6, "modforge.generate": 6, "modforge.list": 6, "modforge.report": 6, "modforge.export": 6, "modforge.frontdoor": 6, "modforge": 6,
 }
 NO_LIGHTNING_OR_HYDRA = ("modforge.io", "modforge.stats", "modforge.plots", "modforge.report", "modforge.components",
                          "modforge.models", "modforge.decoding")

@@ -247,3 +247,11 @@ def test_one_process_trains_a_run_at_a_time(tmp_path):
             run(compose(tiny_overrides(steps=1) + ["data.max_chars=20000"]), tmp_path)
         assert not (tmp_path / "status.json").exists() and not (tmp_path / "config.yaml").exists()
     assert not is_locked(tmp_path)
+
+
+def test_the_keys_left_out_of_job_directory_names_are_the_command_switches():
+    from modforge.config import compose_job
+    from modforge.runs import CONTROL_KEYS
+
+    cfg = compose_job([], hydra=True)
+    assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(CONTROL_KEYS)

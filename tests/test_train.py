@@ -383,10 +383,10 @@ def test_a_study_with_its_own_grid_runs_in_one_command_and_reports(tmp_path):
 def test_a_log_file_gets_plain_progress_lines_and_callbacks_come_from_the_config(tmp_path, monkeypatch):
     """callbacks.progress=log (what auto picks when stdout is a file): one line every N steps and after each
     validation, no carriage returns; callbacks=[default,early_stopping] adds Lightning's EarlyStopping."""
-    import modforge.callbacks
+    import modforge.monitoring
 
     said = []
-    monkeypatch.setattr(modforge.callbacks, "say", said.append)  # what would go to the log
+    monkeypatch.setattr(modforge.monitoring, "say", said.append)  # what would go to the log
     m = run(compose(tiny_overrides(steps=20) + ["trainer.val_check_interval=2", "data.max_chars=20000", "sample=false",
                                                 "callbacks=[default,early_stopping]", "callbacks.progress=log",
                                                 "callbacks.progress_every=2", "callbacks.early_stopping.patience=1",
@@ -397,7 +397,7 @@ def test_a_log_file_gets_plain_progress_lines_and_callbacks_come_from_the_config
 
 
 def test_auto_progress_is_a_bar_in_a_terminal_and_lines_in_a_file():
-    from modforge.callbacks import LogProgress, progress_callbacks
+    from modforge.monitoring import LogProgress, progress_callbacks
 
     assert progress_callbacks("auto", 50, stdout_is_terminal=True) == []  # Lightning's own tqdm bar
     assert isinstance(progress_callbacks("auto", 50, stdout_is_terminal=False)[0], LogProgress)

@@ -31,18 +31,17 @@ import numpy as np
 
 from modforge.data.corpus import CHUNK_CHARS, Corpus, CorpusInfo, window
 from modforge.data.tokenizers import Tokenizer, rechunk
-from modforge.io import atomic_file, read_json, write_json
+from modforge.io import CACHE_ENV, DEFAULT_CACHE, atomic_file, read_json, write_json
+from modforge.io import cache_dir as io_cache_dir
 from modforge.registry import ConfigError
 
-CACHE_ENV = "MODFORGE_CACHE"
-DEFAULT_ROOT = "~/.cache/modforge"
 FORMAT = 1  # bump to invalidate every token cache
 
 
 def cache_root(cache_dir: Optional[str] = None) -> Path:
-    """``cache_dir`` if given, else ``$MODFORGE_CACHE``, else ``~/.cache/modforge``; created if missing."""
-    raw = cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_ROOT
-    root = Path(os.path.expanduser(str(raw)))
+    """:func:`modforge.io.cache_dir` (``data.cache_dir``, ``$MODFORGE_CACHE``, ``~/.cache/modforge``), created."""
+    raw = cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE
+    root = io_cache_dir(cache_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
