@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -29,6 +31,39 @@ def test_rms_inside_matches_torch_rmsnorm():
         ref.weight.normal_(); ours.weight.copy_(ref.weight)
     x = torch.randn(2, 7, d) * 0.01  # small activations: where eps matters
     torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_rms_inside_gradients_match_torch_rmsnorm():
+    # the inside placement has its own backward (faster than autograd's): it must give torch's gradients
+    d = 16
+    ours = build("norm", {"name": "rms", "eps": 1e-6}, d).double()
+    ref = nn.RMSNorm(d, eps=1e-6).double()
+    with torch.no_grad():
+        ref.weight.normal_(); ours.weight.copy_(ref.weight)
+    x = (torch.randn(3, 5, d, dtype=torch.float64) * 0.05).requires_grad_()
+    gy = torch.randn(3, 5, d, dtype=torch.float64)
+    gx, gw = torch.autograd.grad(ours(x), (x, ours.weight), gy)
+    rx, rw = torch.autograd.grad(ref(x), (x, ref.weight), gy)
+    torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gw, rw, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x, w: ours.__class__.forward(ours, x) * w.sum(), (x, ours.weight))
+    with torch.no_grad():  # the inference path gives the same numbers
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError):  # no silently wrong second derivatives
+        g, = torch.autograd.grad(ours(x).pow(2).sum(), x, create_graph=True)
+        g.sum().backward()
+    # low precision in (bf16-mixed: bf16 activations, fp32 weight): F.rms_norm's dtype and rounding, with grad or not
+    ours.float()
+    xb = x.detach().bfloat16().requires_grad_()
+    yb = ours(xb)
+    with torch.no_grad():
+        yb_eval = ours(xb)
+    with warnings.catch_warnings():  # torch: mixed dtypes "cannot dispatch to fused implementation"
+        warnings.simplefilter("ignore")
+        want = torch.nn.functional.rms_norm(xb, (d,), ours.weight, 1e-6)
+    assert yb.dtype == yb_eval.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(yb, want) and torch.equal(yb_eval, want)
+    assert torch.isfinite(torch.autograd.grad(yb.float().sum(), xb)[0]).all()
 
 
 def test_rms_outside_matches_reference_formula():
