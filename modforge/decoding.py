@@ -136,43 +136,41 @@ def beam_search(stepper: Stepper, max_new: int, *, beam_size: int = 4, eos_id: O
     logp = logp.index_select(0, rows)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # at the start all beams are the same: expand only one
-    width = [K] * B
+    width = torch.full((B, 1), K, device=device)  # live beams per row
+    rank = torch.arange(K, device=device)
+    base = torch.arange(B, device=device)[:, None] * K
     tokens = torch.empty(B * K, 0, dtype=torch.long, device=device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     for t in range(max_new):
-        cand = (scores.view(-1, 1) + logp).view(B, K * V)
-        top_s, top_i = cand.topk(K, dim=1)
-        top_s, top_i = top_s.tolist(), top_i.tolist()
-        new_scores = [[float("-inf")] * K for _ in range(B)]  # plain lists: cheap element writes
-        new_beam = [[0] * K for _ in range(B)]
-        new_tok = [[pad_id] * K for _ in range(B)]
-        for b in range(B):
-            j = 0
-            for s, i in zip(top_s[b][: width[b]], top_i[b][: width[b]]):
-                beam, tok = divmod(i, V)
-                if s == float("-inf"):
-                    break
-                if eos_id is not None and tok == eos_id:
-                    hyp = tokens[b * K + beam].tolist() + [tok]
-                    finished[b].append((s / len(hyp) ** length_penalty, hyp))
-                    continue
-                new_scores[b][j], new_beam[b][j], new_tok[b][j] = s, beam, tok
-                j += 1
-            width[b] = j
-        src_rows = (torch.arange(B)[:, None] * K + torch.tensor(new_beam)).view(-1).to(device)
-        step_tok = torch.tensor(new_tok, device=device).view(-1)
+        # every step is tensor work; Python only touches the (rare) candidates that end in <eos>
+        top_s, top_i = (scores.view(-1, 1) + logp).view(B, K * V).topk(K, dim=1)
+        beam, tok = top_i // V, top_i % V
+        valid = (rank < width) & (top_s > float("-inf"))  # the first w candidates of each row
+        ends = valid & (tok == eos_id) if eos_id is not None else torch.zeros_like(valid)
+        if bool(ends.any()):
+            for b, k in ends.nonzero().tolist():
+                hyp = tokens[b * K + beam[b, k]].tolist() + [eos_id]
+                finished[b].append((float(top_s[b, k]) / len(hyp) ** length_penalty, hyp))
+        live = valid & ~ends
+        order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)  # live candidates first, in rank order
+        live = live.gather(1, order)
+        scores = top_s.gather(1, order).masked_fill(~live, float("-inf"))
+        beam = beam.gather(1, order).masked_fill(~live, 0)
+        step_tok = tok.gather(1, order).masked_fill(~live, pad_id).view(-1)
+        width = live.sum(1, keepdim=True)
+        src_rows = (base + beam).view(-1)
         tokens = torch.cat([tokens.index_select(0, src_rows), step_tok[:, None]], dim=1)
-        scores = torch.tensor(new_scores, device=device)
-        if not any(width) or t + 1 == max_new:
+        if t + 1 == max_new or not bool(width.any()):
             break
         stepper.reorder(src_rows)
         logp = stepper.step(step_tok).log_softmax(-1)
     best = []
+    widths, scores_l = width.view(-1).tolist(), scores.tolist()
     for b in range(B):
         hyps = list(finished[b])
-        for k in range(width[b]):  # out of length: live beams compete too
+        for k in range(widths[b]):  # out of length: live beams compete too
             hyp = tokens[b * K + k].tolist()
-            hyps.append((float(scores[b, k]) / max(len(hyp), 1) ** length_penalty, hyp))
+            hyps.append((scores_l[b][k] / max(len(hyp), 1) ** length_penalty, hyp))
         best.append(max(hyps, key=lambda h: h[0])[1] if hyps else [])
     n = max((len(h) for h in best), default=0)
     out = torch.full((B, n), pad_id, dtype=torch.long, device=device)

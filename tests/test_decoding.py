@@ -56,6 +56,34 @@ def test_beam_size_one_equals_greedy():
         assert torch.equal(pad(greedy), pad(beam)), arch
 
 
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_cached_beam_search_equals_recomputation(arch):
+    # beam steps gather a partly filled cache into its second buffer: every row must carry its own keys and values
+    torch.manual_seed(2)
+    m = model(arch, "rope")
+    src = torch.randint(5, V, (2, 7)) if arch == "encoder_decoder" else None
+    prefix = torch.full((2, 1), 2) if src is not None else torch.randint(5, V, (2, 3))
+    kw = {"src": src, "src_mask": torch.ones_like(src, dtype=torch.bool)} if src is not None else {}
+    cached = beam_search(Stepper(m, prefix, use_cache=True, **kw), 12, beam_size=3, eos_id=EOS)
+    full = beam_search(Stepper(m, prefix, use_cache=False, **kw), 12, beam_size=3, eos_id=EOS)
+    assert torch.equal(cached, full)
+
+
+def test_kv_cache_reorder_keeps_rows_and_room():
+    from modforge.components.attention import KVCache
+
+    c = KVCache(6)
+    k = torch.arange(3 * 2 * 4 * 1, dtype=torch.float32).view(3, 2, 4, 1)
+    c.append(k, -k)
+    index = torch.tensor([2, 2, 0])  # a row twice, one dropped: beam search's gather
+    c.reorder(index)
+    assert torch.equal(c.k[:, :, :4], k[index]) and torch.equal(c.v[:, :, :4], -k[index])
+    k2, v2 = c.append(torch.ones(3, 2, 1, 1), torch.zeros(3, 2, 1, 1))  # the room after the filled part remains
+    assert k2.shape == (3, 2, 5, 1) and torch.equal(k2[:, :, :4], k[index]) and c.length == 5
+    c.reorder(torch.tensor([1, 0]))  # a new batch size
+    assert c.k.shape[0] == 2 and torch.equal(c.k[:, :, :5], k2[[1, 0]])
+
+
 def seq_logprob(m, prefix, tokens):
     """Total log-probability of ``tokens`` after ``prefix`` under the model (full recomputation)."""
     seq = torch.cat([prefix, tokens], 1)

@@ -60,6 +60,7 @@ class KVCache:
         self.k: Optional[torch.Tensor] = None
         self.v: Optional[torch.Tensor] = None
         self.length = 0
+        self._spare: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # beam search's second buffer
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, H, T, D = k.shape
@@ -77,9 +78,27 @@ class KVCache:
         self.k, self.v, self.length = k, v, k.shape[-2]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search)."""
-        if self.k is not None:
+        """Select batch rows (beam search).
+
+        Only the filled positions are gathered, straight into a second buffer that
+        then becomes the cache: one copy of O(length) per beam step, not O(capacity)
+        and not a gather followed by a write-back. The first reorder of a beam
+        search (batch -> batch x beams) allocates that buffer at the new size."""
+        if self.k is None:
+            return
+        n = self.length
+        if n == self.k.shape[2]:  # full, or a cross-attention cache: no room to keep
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            self._spare = None
+            return
+        shape = (index.numel(), *self.k.shape[1:])
+        if self._spare is None or self._spare[0].shape != shape:
+            self._spare = (self.k.new_empty(shape), self.v.new_empty(shape))
+        k, v = self._spare
+        torch.index_select(self.k[:, :, :n], 0, index, out=k[:, :, :n])
+        torch.index_select(self.v[:, :, :n], 0, index, out=v[:, :, :n])
+        self._spare = (self.k, self.v) if self.k.shape == shape else None
+        self.k, self.v = k, v
 
 
 def build_mask(
@@ -158,11 +177,15 @@ class MultiHeadAttention(Attention):
                 if cache is not None:
                     cache.set(k, v)
         else:
-            q, k, v = self._heads(self.qkv(x), 3)
+            qkv = self._heads(self.qkv(x), 3)
+            q, k, v = qkv.unbind(0)
             if cache is not None:
                 offset = cache.length
             if pos is not None:
-                q, k = pos.rotate(q, offset), pos.rotate(k, offset)
+                if torch.is_grad_enabled():  # separate calls: the backward of a slice would zero-fill a copy
+                    q, k = pos.rotate(q, offset), pos.rotate(k, offset)
+                else:  # queries and keys in one call (a view of both): half the ops of a decoding step
+                    q, k = pos.rotate(qkv[:2], offset).unbind(0)
                 bias = pos.attn_bias(T, offset + T, offset)
             if cache is not None:
                 k, v = cache.append(k, v)

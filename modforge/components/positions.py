@@ -4,7 +4,9 @@ A scheme can act at three places, and implements only the hooks it needs; the
 model calls all three and never asks which scheme it has:
 
 * ``embed(x, offset)``   -- added to the token embeddings (sinusoidal, learned);
-* ``rotate(t, offset)``  -- applied to queries and keys of self-attention (RoPE);
+* ``rotate(t, offset)``  -- applied to queries and keys of self-attention (RoPE): t is
+                           (B, H, T, d_head), or both stacked (2, B, H, T, d_head), so act on
+                           the last two dimensions;
 * ``attn_bias(tq, tk, offset)`` -- an additive (H, tq, tk) attention bias (ALiBi-style).
 
 ``offset`` is the position of the first token of ``x``/``t``: non-zero when
@@ -117,20 +119,29 @@ class RoPE(PositionalScheme):
         self.interleaved = cfg.pairing == "interleaved"
         inv = cfg.base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv  # (max_len, hd/2)
-        self.register_buffer("cos", ang.cos().float(), persistent=False)
-        self.register_buffer("sin", ang.sin().float(), persistent=False)
+        cos, sin = ang.cos(), ang.sin()
+        # laid out per head dimension, sin signed, so that rotate is t * cos + swap(t) * sin: each
+        # pair (a, b) -> (a cos - b sin, b cos + a sin), the same numbers as the pairwise formula, fewer ops
+        if self.interleaved:
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
+        else:
+            cos, sin = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+        self.register_buffer("cos", cos.float(), persistent=False)
+        self.register_buffer("sin", sin.float(), persistent=False)
 
     def rotate(self, t: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """t: (B, H, T, hd)."""
+        """t: (..., T, hd): queries or keys (B, H, T, hd), or both stacked."""
         T = t.shape[-2]
         self.check_length(offset + T)
-        cos = self.cos[offset : offset + T].to(t.dtype)
-        sin = self.sin[offset : offset + T].to(t.dtype)
-        if self.interleaved:
-            x1, x2 = t[..., 0::2], t[..., 1::2]
-            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        x1, x2 = t.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        cos, sin = self.cos[offset : offset + T], self.sin[offset : offset + T]
+        if cos.dtype != t.dtype:
+            cos, sin = cos.to(t.dtype), sin.to(t.dtype)
+        if self.interleaved:  # (a, b) -> (b, a) within each pair
+            swapped = t.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        else:  # (first half, second half) -> (second half, first half)
+            x1, x2 = t.chunk(2, dim=-1)
+            swapped = torch.cat((x2, x1), dim=-1)
+        return t * cos + swapped * sin
 
 
 def interleaved_to_half(hd: int) -> torch.Tensor:
