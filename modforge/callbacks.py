@@ -70,6 +70,7 @@ class RunRecord(L.Callback):
         self._val_seconds = 0.0  # validation inside this session's training span
         self._rng: Optional[dict] = None
         self._resumed_step: Optional[int] = None
+        self.first_step_clock: Optional[float] = None  # perf_counter at this session's first training batch
 
     # ----------------------------------------------------------------- clocks
     def fit_started(self) -> None:
@@ -99,6 +100,10 @@ class RunRecord(L.Callback):
             self.resumed_at.append(self._resumed_step)
             self._resumed_step = None
         self._train_t0, self._val_seconds = time.perf_counter(), 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.first_step_clock is None:
+            self.first_step_clock = time.perf_counter()
 
     def on_validation_start(self, trainer, pl_module):
         if self._train_t0 is not None:
@@ -152,6 +157,7 @@ class DivergenceStop(L.Callback):
         self.diverged_at: Optional[int] = None
         self.last_train: Optional[dict] = None  # {"step", "train/loss"}
         self.last_val: Optional[dict] = None  # {"step", "val/...": ...}
+        self.val_weights: Optional[tuple] = None  # weights_fingerprint() at the last validation (this session)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -176,6 +182,7 @@ class DivergenceStop(L.Callback):
         val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         if val and all(math.isfinite(v) for v in val.values()):
             self.last_val = {"step": trainer.global_step, **val}
+            self.val_weights = weights_fingerprint(pl_module)
 
     def state_dict(self) -> dict:
         return {"bad_steps": self.bad_steps, "last_train": self.last_train, "last_val": self.last_val}
@@ -183,6 +190,12 @@ class DivergenceStop(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.bad_steps = int(state.get("bad_steps", 0))
         self.last_train, self.last_val = state.get("last_train"), state.get("last_val")
+
+
+def weights_fingerprint(module) -> tuple:
+    """Storage and in-place version of every parameter: equal fingerprints mean nothing has changed the weights
+    (an optimizer step, a copy into them, a pruning or a replaced parameter all change it)."""
+    return tuple((p.data_ptr(), p._version) for p in module.parameters())
 
 
 class Checkpoints(ModelCheckpoint):

@@ -245,7 +245,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     from torch import nn
 
     from modforge.callbacks import (FAULT_ENV, AtomicCheckpointIO, Checkpoints, DivergenceStop, FaultInjector,
-                                    RunRecord)
+                                    RunRecord, weights_fingerprint)
     from modforge.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers, finish_loggers,
                                      progress_callbacks)
     from modforge.io import write_json, write_text
@@ -364,7 +364,16 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
                        val_step=last_val.pop("step", None), val=last_val,
                        last_finite_train=divergence.last_train)
     else:
-        metrics["val"] = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+        # fit validated these very weights at its last step, in this session: no second pass
+        last_val = dict(divergence.last_val or {})
+        reuse = (last_val.pop("step", None) == trainer.global_step and bool(last_val)
+                 and divergence.val_weights == weights_fingerprint(task))
+        if trainer.world_size > 1:  # every rank takes the same branch, or one would validate alone and wait
+            reuse = trainer.strategy.reduce_boolean_decision(reuse, all=True)
+        if reuse:
+            metrics["val"] = last_val
+        else:
+            metrics["val"] = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
         if not all(math.isfinite(v) for v in metrics["val"].values()):
             metrics["status"] = "diverged"  # a non-finite validation metric (written null)
     clock.mark("final_eval")
@@ -391,6 +400,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     clock.mark("sample")
     metrics["wall_seconds"] = round(record.wall_seconds, 2)
     metrics["session_seconds"] = {"before_run": round(t_start - _IMPORTED, 2), **clock.rounded()}
+    if record.first_step_clock is not None:  # start-up: the command's start to its first training batch
+        metrics["seconds_to_first_step"] = round(record.first_step_clock - _IMPORTED, 3)
     if trainer.is_global_zero:
         write_json(out_dir / "metrics.json", metrics, indent=2)
         print_summary(metrics, out_dir)

@@ -43,6 +43,43 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "rope", p.stderr[-2000:]
 
 
+def test_the_final_metrics_reuse_a_validation_of_the_last_step_and_equal_a_fresh_one(tmp_path, monkeypatch):
+    # validated at step 4 inside fit: no second pass, and the same numbers as the pass a run validated at
+    # step 3 makes after fit (same seed, same weights at step 4)
+    import lightning as L
+
+    calls = []
+    validate = L.Trainer.validate
+    monkeypatch.setattr(L.Trainer, "validate", lambda self, *a, **k: calls.append(1) or validate(self, *a, **k))
+    ov = tiny_overrides(steps=4) + ["data.max_chars=50000", "sample=false", "eval_at_start=false"]
+    reused = run(compose(ov), tmp_path / "a")
+    assert calls == []
+    fresh = run(compose(ov + ["trainer.val_check_interval=3"]), tmp_path / "b")
+    assert calls == [1]
+    assert reused["val"] == fresh["val"] and reused["steps"] == fresh["steps"] == 4
+    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert 0 < m["seconds_to_first_step"] < m["session_seconds"]["before_run"] + m["wall_seconds"]
+
+
+def test_weights_changed_after_the_last_validation_are_validated_again(tmp_path, monkeypatch):
+    # a callback that changes the weights when training ends (as SWA or pruning do): the last validation
+    # saw other weights, so the final metrics come from a fresh pass
+    import lightning as L
+
+    class Shrink(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            with torch.no_grad():
+                for p in pl_module.parameters():
+                    p.mul_(0.5)
+
+    monkeypatch.setattr("modforge.monitoring.configured_callbacks", lambda node: [Shrink()])
+    ov = tiny_overrides(steps=2) + ["data.max_chars=50000", "sample=false", "eval_at_start=false"]
+    shrunk = run(compose(ov), tmp_path / "a")
+    monkeypatch.undo()
+    plain = run(compose(ov), tmp_path / "b")
+    assert shrunk["val"]["val/loss"] != plain["val"]["val/loss"]
+
+
 def test_a_reloaded_checkpoint_reports_the_metrics_of_the_run_that_trained_it(tmp_path):
     """val/bpc needs the data's tokens per character; it travels in the checkpoint with the other data facts.
     With BPE (about 0.4 tokens per character) bits per token would be a different, wrong number."""
