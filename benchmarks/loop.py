@@ -1,10 +1,11 @@
 """End to end against the bare step: what Lightning's loop and the data pipeline cost, in one process.
 
-    python benchmarks/loop.py [--steps 200] [--rounds 5] [--threads N] [--profile]
+    python benchmarks/loop.py [--steps 200] [--rounds 5] [--threads N] [--profile] [overrides ...]
 
 Both sides train the default run's model and data (``decoder_only``, d_model 128,
 4 layers, 4 heads, block 64, batch 12, the stdlib character corpus) with the
-default optimizer and schedule, gradient clipping at 1.0:
+default optimizer and schedule, gradient clipping at 1.0, or the run that the
+overrides describe (e.g. ``experiment=shakespeare_char data.path=...``):
 
 * **bare**: a hand-written loop as in nanoGPT: a whole batch of windows taken
   from the token array with one indexing operation, forward, loss, backward,
@@ -30,11 +31,11 @@ import torch
 import torch.nn.functional as F
 
 
-def setup():
+def setup(overrides: list[str]):
     from modforge import registry
     from modforge.config import compose, to_plain
 
-    cfg = compose(["trainer.enable_progress_bar=false", "sample=false", "eval_at_start=false"])
+    cfg = compose([*overrides, "trainer.enable_progress_bar=false", "sample=false", "eval_at_start=false"])
     dm = registry.build("data", cfg.data)
     facts = dm.prepare()
     entry, task_cfg = registry.make_config("task", cfg.task)
@@ -60,7 +61,8 @@ def bare_round(cfg, dm, task, steps: int) -> float:
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if cfg.trainer.get("gradient_clip_val"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.gradient_clip_val)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -101,6 +103,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of the run measured (default: the default run)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -109,7 +112,7 @@ def main() -> None:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
-    cfg, dm, facts, new_task = setup()
+    cfg, dm, facts, new_task = setup(a.overrides)
     torch.manual_seed(0)
     bare_task, loop_task = new_task(), new_task()
     bare_round(cfg, dm, bare_task, 20)  # warm-up of both
