@@ -2,7 +2,7 @@
 
     pip install -e ".[bench]"
     python benchmarks/peers.py [--size small|medium|all] [--arch gpt|llama|all] [--compile]
-                               [--steps N] [--rounds R] [--threads N] [--device cpu|cuda]
+                               [--steps N] [--rounds R] [--threads N] [--device cpu|cuda] [--no-memory]
 
 The same architecture is built four ways with the same parameter count (each
 model's count is printed; x-transformers has no attention and no LayerNorm
@@ -271,7 +271,7 @@ def compare(size: str, arch: str, a) -> dict:
     import multiprocessing as mp
 
     mem = {}
-    for n in benches:  # each in a fresh process: memory another model freed cannot hide a peak
+    for n in benches if a.memory else ():  # each in a fresh process: memory another model freed cannot hide a peak
         with mp.get_context("spawn").Pool(1) as pool:
             mem[n] = pool.apply(memory_of, (size, arch, n, a.compile, a.device, torch.get_num_threads()))
     return {"med": med, "mem": mem}
@@ -317,6 +317,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-memory", dest="memory", action="store_false", help="tokens/s only")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -335,7 +336,7 @@ def main() -> None:
     print("|---|---|" + "---|" * (len(PEERS) + 1))
     for size, arch, res in rows:
         med, mem = res["med"], res["mem"]
-        cells = [f"{med[n]:,.0f} tok/s, {mem[n]:,.0f} MiB" + ("" if n == "modforge" or "modforge" not in med
+        cells = [f"{med[n]:,.0f} tok/s" + (f", {mem[n]:,.0f} MiB" if n in mem else "") + ("" if n == "modforge" or "modforge" not in med
                  else f" ({med['modforge'] / med[n]:.2f})") if n in med else "n/a" for n in PEERS]
         peers = [n for n in med if n != "modforge"]
         best = max(peers, key=med.get) if peers and "modforge" in med else None

@@ -24,7 +24,7 @@ class Residual(nn.Module):
     def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
         super().__init__()
         self.norm = norm
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # p=0 would still copy when compiled
 
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -108,7 +108,7 @@ class Embedder(nn.Module):
         super().__init__()
         self.tokens, self.pos = tokens, pos
         self.scale = tokens.embedding_dim ** 0.5 if scale else 1.0
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # p=0 would still copy when compiled
 
     def forward(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.tokens(idx)
