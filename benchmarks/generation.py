@@ -37,36 +37,15 @@ MAXLEN, PROMPT = 512, 16
 
 
 def build(arch: str, size: str) -> tuple[nn.Module, nn.Module]:
-    """A modforge model and the HF model with the same weights."""
-    import transformers as tf
+    """A modforge model and the HF model with the same weights (the layouts of ``benchmarks/peers.py``)."""
+    from peers import Size, build_modforge, hf_model  # benchmarks/ is on the path of a script run from it
 
     D, L, H, V = SIZES[size]
-    from modforge import registry
-    from modforge.builtins import load_builtins
-    from modforge.models.blocks import Parts
-
-    load_builtins()
-    cfg = {"name": "decoder_only", "d_model": D, "n_heads": H, "n_layers": L, "max_len": MAXLEN,
-           "init_std": 0.1}  # wider than 0.02: peaked next-token distributions, so greedy has no near-ties
-    llama = arch == "llama"
-    if llama:
-        ff = round(8 * D / 3)
-        cfg.update(d_ff=ff, tie_embeddings=False)
-        parts = Parts(norm="rms", residual="pre", ffn={"name": "swiglu", "match_params": False},
-                      pos={"name": "rope", "pairing": "half"}, attention={"name": "mha", "bias": False})
-        hf = tf.LlamaForCausalLM(tf.LlamaConfig(
-            vocab_size=V, hidden_size=D, intermediate_size=ff, num_hidden_layers=L, num_attention_heads=H,
-            num_key_value_heads=H, max_position_embeddings=MAXLEN, rms_norm_eps=1e-6, tie_word_embeddings=False,
-            attention_bias=False, mlp_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=0))
-    else:
-        parts = Parts(norm="layer", residual="pre", ffn={"name": "mlp", "activation": "gelu_tanh"}, pos="learned")
-        hf = tf.GPT2LMHeadModel(tf.GPT2Config(
-            vocab_size=V, n_positions=MAXLEN, n_embd=D, n_layer=L, n_head=H, activation_function="gelu_new",
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=0))
+    s, llama = Size(D, L, H, MAXLEN, 1, V), arch == "llama"
+    hf = hf_model(s, llama)
     torch.manual_seed(0)
-    ours = registry.build("model", cfg, parts, V)
+    ours = build_modforge(s, llama, init_std=0.1)  # wider than 0.02: peaked next-token distributions, no near-ties
     hf.load_state_dict((llama_weights if llama else gpt2_weights)(ours), strict=True)
-    hf.config._attn_implementation = "sdpa"
     return ours.eval(), hf.eval()
 
 

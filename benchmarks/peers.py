@@ -119,13 +119,15 @@ class Plain(nn.Module):
 
 
 # --- the peers ----------------------------------------------------------------------------------------------------
-def build_modforge(s: Size, llama: bool) -> nn.Module:
+def build_modforge(s: Size, llama: bool, **model) -> nn.Module:
+    """modforge's ``decoder_only`` in the GPT-2 or the Llama layout (``model``: more model keys)."""
     from modforge import registry
     from modforge.builtins import load_builtins
     from modforge.models.blocks import Parts
 
     load_builtins()
-    cfg = {"name": "decoder_only", "d_model": s.d, "n_heads": s.heads, "n_layers": s.layers, "max_len": s.block}
+    cfg = {"name": "decoder_only", "d_model": s.d, "n_heads": s.heads, "n_layers": s.layers, "max_len": s.block,
+           **model}
     if llama:
         cfg.update(d_ff=s.ff, tie_embeddings=False)
         parts = Parts(norm="rms", residual="pre", ffn={"name": "swiglu", "match_params": False},
@@ -146,19 +148,27 @@ class Logits(nn.Module):
         return self.inner(input_ids=idx).logits if self.hf else self.inner(idx)
 
 
-def build_hf(s: Size, llama: bool) -> nn.Module:
+def hf_model(s: Size, llama: bool) -> nn.Module:
+    """Hugging Face's ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` in the same layout (SDPA attention, no <eos>)."""
     import transformers as tf
 
     if llama:
         c = tf.LlamaConfig(vocab_size=s.vocab, hidden_size=s.d, intermediate_size=s.ff, num_hidden_layers=s.layers,
                            num_attention_heads=s.heads, num_key_value_heads=s.heads, max_position_embeddings=s.block,
-                           rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+                           rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=0)
         model = tf.LlamaForCausalLM(c)
     else:
         c = tf.GPT2Config(vocab_size=s.vocab, n_positions=s.block, n_embd=s.d, n_layer=s.layers, n_head=s.heads,
-                          activation_function="gelu_new", bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                          activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=0)
         model = tf.GPT2LMHeadModel(c)
     model.config._attn_implementation = "sdpa"
+    return model
+
+
+def build_hf(s: Size, llama: bool) -> nn.Module:
+    model = hf_model(s, llama)
     model.config.use_cache = False
     return Logits(model, hf=True)
 
