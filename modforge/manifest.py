@@ -99,12 +99,13 @@ def _as_file(path: str) -> str:
     return str(Path(list(spec.submodule_search_locations)[0]).joinpath(*rest))
 
 
-def write() -> None:
-    """Store the manifest of the registry now loaded (best effort: a read-only cache only costs speed)."""
+def write(data: Optional[dict] = None) -> None:
+    """Store ``data`` (default: the manifest of the registry now loaded); best effort: a read-only cache only
+    costs speed."""
     from modforge.io import write_json
 
     try:
-        write_json(cache_file(), build())
+        write_json(cache_file(), data or build())
     except (OSError, TypeError, ValueError):
         pass
 
@@ -149,8 +150,9 @@ def of_registry() -> dict:
     from modforge.builtins import load_all
 
     load_all()
-    write()
-    return build()
+    data = build()
+    write(data)
+    return data
 
 
 def preset_options(data: dict, group: str) -> list:

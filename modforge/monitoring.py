@@ -172,9 +172,9 @@ def configured_loggers(node: Any, out_dir: Path, name: str, group: str) -> list:
         if "tracking_uri" in params and value.get("tracking_uri") is None:  # a file store: offline, in the run
             extra["tracking_uri"] = (out_dir / "mlruns").resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in
-        for key in ("run_name", "name"):
-            if key in params and key in value and value.get(key) is None:
-                extra[key] = name
+        for field in ("run_name", "name"):
+            if field in params and field in value and value.get(field) is None:
+                extra[field] = name
         if "group" in value and value.get("group") is None:
             extra["group"] = group
         try:

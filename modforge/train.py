@@ -235,8 +235,22 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
     follower = os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ  # a DDP rank: rank 0 decided
-    with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
-        return _run_locked(cfg, out_dir, t_start, resume, follower)
+    try:
+        with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
+            return _run_locked(cfg, out_dir, t_start, resume, follower)
+    finally:
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """A DDP rank (rank 0 too) leaves its process group when its run ends, however it ends: a live gloo group
+    torn down by interpreter exit can abort the process ("terminate called without an active exception",
+    exit -6: once in ten runs of the DDP test), and the next job of a sweep must start without one. Local:
+    no collective, so a rank that finished first may already have left."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional[str], follower: bool) -> dict:
@@ -406,12 +420,6 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         write_json(out_dir / "metrics.json", metrics, indent=2)
         print_summary(metrics, out_dir)
     finish_loggers(trainer.loggers)
-    if trainer.world_size > 1:  # every DDP rank, rank 0 too, leaves the process group before its process exits:
-        import torch.distributed as dist  # a live gloo group torn down by interpreter exit can abort the process
-        # ("terminate called without an active exception", exit -6: seen once in ten runs of the DDP test)
-
-        if dist.is_available() and dist.is_initialized():  # local: no collective (another rank may have left already)
-            dist.destroy_process_group()
     return metrics
 
 
@@ -523,9 +531,9 @@ def sweep_job():
     Inside a multirun, sys.argv still holds ``-m`` and the whole sweep and
     ``run.dir`` is not the job's directory, so each rank would start the sweep
     over elsewhere: here sys.argv becomes this job's command line (``job_argv``)
-    and ``run.dir`` its directory. Afterwards the process group is destroyed and the
-    environment variables Lightning set (LOCAL_RANK, WORLD_SIZE, MASTER_PORT ...)
-    are removed; otherwise the next job would believe its ranks already exist.
+    and ``run.dir`` its directory. Afterwards the environment variables Lightning set
+    (LOCAL_RANK, WORLD_SIZE, MASTER_PORT ...) are removed (the run has left its
+    process group); otherwise the next job would believe its ranks already exist.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -542,10 +550,6 @@ def sweep_job():
     try:
         yield
     finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
         sys.argv = argv
         os.environ.clear()
         os.environ.update(env)

@@ -441,6 +441,15 @@ def test_auto_progress_is_a_bar_in_a_terminal_and_lines_in_a_file():
     assert isinstance(progress_callbacks("log", 7, stdout_is_terminal=True)[0], LogProgress)
 
 
+def test_a_logger_that_cannot_be_created_is_named_in_one_line(tmp_path):
+    from modforge.monitoring import configured_loggers
+    from modforge.registry import ConfigError
+
+    node = {"mine": {"_target_": "lightning.pytorch.loggers.CSVLogger", "name": None, "no_such_argument": 1}}
+    with pytest.raises(ConfigError, match=r"^logger\.mine could not be created: TypeError"):
+        configured_loggers(node, tmp_path, "run", "group")
+
+
 def test_tensorboard_and_mlflow_loggers_write_the_runs_metrics_offline(tmp_path):
     pytest.importorskip("tensorboardX", reason="the loggers extra (tensorboardX) is part of the test extra")
     pytest.importorskip("mlflow", reason="the loggers extra (mlflow-skinny) is part of the test extra")

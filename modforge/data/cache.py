@@ -21,7 +21,6 @@ remove the directory to reclaim space.
 import hashlib
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 
 from modforge.data.corpus import CHUNK_CHARS, Corpus, CorpusInfo, window
 from modforge.data.tokenizers import Tokenizer, rechunk
-from modforge.io import CACHE_ENV, DEFAULT_CACHE, atomic_file, read_json, write_json
+from modforge.io import CACHE_ENV, atomic_file, read_json, write_json
 from modforge.io import cache_dir as io_cache_dir
 from modforge.registry import ConfigError
 
@@ -40,12 +39,11 @@ FORMAT = 1  # bump to invalidate every token cache
 
 def cache_root(cache_dir: Optional[str] = None) -> Path:
     """:func:`modforge.io.cache_dir` (``data.cache_dir``, ``$MODFORGE_CACHE``, ``~/.cache/modforge``), created."""
-    raw = cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE
     root = io_cache_dir(cache_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"data.cache_dir={raw}: cannot create the cache directory ({e}). Set data.cache_dir= "
+        raise ConfigError(f"data.cache_dir: cannot create the cache directory {root} ({e}). Set data.cache_dir= "
                           f"(or the {CACHE_ENV} environment variable) to a writable directory.") from None
     return root
 
