@@ -245,7 +245,7 @@ FAULT_ENV = "MODFORGE_FAULT"
 def injected_fault(action: str, where: str, n: int) -> bool:
     """Whether ``$MODFORGE_FAULT`` asks for ``action`` ("kill", "raise") at ``where`` ("step", "save") number n.
 
-    The variable holds comma-separated faults ``ACTION@WHERE=N`` with an optional ``@job=J`` (only in job
+    The variable holds comma-separated faults ``ACTION@WHERE=N`` (ACTION: kill, raise, preempt) with an optional ``@job=J`` (only in job
     #J of a sweep), e.g. ``kill@step=7@job=1``: how the tests kill a run at a chosen step, or while it
     writes a checkpoint, or make one job of a sweep fail. Unset, nothing happens.
     """
@@ -270,8 +270,10 @@ def _job_num() -> Optional[int]:
 
 
 class FaultInjector(L.Callback):
-    """Acts on ``$MODFORGE_FAULT``'s ``kill@step=N`` (SIGKILL, as the OOM killer would) and ``raise@step=N``
-    (an exception) after training step N. Added to the Trainer only when the variable is set."""
+    """Acts on ``$MODFORGE_FAULT``'s ``kill@step=N`` (SIGKILL, as the OOM killer would), ``raise@step=N``
+    (an exception) and ``preempt@step=N`` (SIGUSR2, once per run directory: a cluster's preemption, which
+    submitit answers by requeueing the job) after training step N. Added to the Trainer only when the
+    variable is set."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -279,3 +281,7 @@ class FaultInjector(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
         if injected_fault("raise", "step", step):
             raise RuntimeError(f"fault injected at step {step} ({FAULT_ENV})")
+        once = Path(trainer.default_root_dir) / f".preempted-at-{step}"
+        if injected_fault("preempt", "step", step) and not once.exists():
+            once.touch()  # once: the requeued run passes this step again
+            os.kill(os.getpid(), signal.SIGUSR2)  # what SLURM (and submitit's local executor) send to preempt a job

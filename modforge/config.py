@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.builtins import load_all
+from modforge.devices import PRECISIONS
 from modforge.runs import register_resolver
 
 _PKG_CONF = Path(__file__).resolve().parent / "conf"  # in an installed wheel
@@ -20,7 +21,7 @@ CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
 
 ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
              "divergence_patience": (int, type(None)), "compile": (bool,), "dry_run": (bool,), "skip_invalid": (bool,),
-             "retry_failed": (bool,)}
+             "retry_failed": (bool,), "matmul_precision": (str, type(None))}
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null"}
 PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
                  "trainer": "lightning.Trainer settings (conf/trainer/)",
@@ -182,6 +183,10 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: {key} must be {want}, not {v!r}")
     if key == "seed" and not 0 <= v < 2 ** 32:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
+    if key == "matmul_precision" and v is not None and v not in PRECISIONS:
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: matmul_precision must be one of {', '.join(PRECISIONS)} "
+                                   f"(torch.set_float32_matmul_precision), or null (high on CUDA: TF32; else highest)."
+                                   + registry.suggest(v, list(PRECISIONS)))
     if key == "divergence_patience" and v is not None and v < 1:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: divergence_patience must be >= 1 (training batches in a row), "
                                    "or null (never stop)")
@@ -354,6 +359,8 @@ def run_dirname(overrides: str, limit: int = 120) -> str:
 
 OmegaConf.register_new_resolver("modforge_dirname", run_dirname, replace=True)
 register_resolver()  # ${modforge_new_dir:...}: the default run and sweep directories (modforge.runs)
+from modforge import launchers  # noqa: E402
+launchers.register_resolvers()  # ${modforge_gpus:...}, ${modforge_tasks:...}: cluster launchers' resources
 import modforge.sweep  # noqa: E402,F401 - stores hydra/sweeper=modforge, which conf/train.yaml selects
 
 

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from modforge.devices import fused_optimizer
 from modforge.registry import ConfigError, declare, register
 
 # Optimizers are functions cfg, params -> torch.optim.Optimizer; schedules are functions
@@ -34,6 +35,7 @@ class AdamConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.0
+    fused: Optional[bool] = None  # torch's fused kernel; null: when every parameter is on a CUDA device
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -64,14 +66,17 @@ def _groups(params, weight_decay: float, everything: bool):
 @register("optim", "adam", config=AdamConfig)
 def adam(cfg: AdamConfig, params) -> torch.optim.Optimizer:
     """Adam (Kingma & Ba 2015), the paper's optimizer"""
-    return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    params = [p for p in params if p.requires_grad]
+    return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                            fused=fused_optimizer(cfg.fused, params))
 
 
 @register("optim", "adamw", config=AdamWConfig)
 def adamw(cfg: AdamWConfig, params) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay); norms, biases and 1-d params not decayed by default"""
     groups = _groups(params, cfg.weight_decay, cfg.decay_norms_and_biases)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             fused=fused_optimizer(cfg.fused, [p for g in groups for p in g["params"]]))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from modforge.cli import one_line_errors
 from modforge.output import quiet, say
 from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
                              check_root_value, check_trainer_key, to_plain)
+from modforge.launchers import _HYDRA_VALUE_FLAGS, hydra_value, job_argv
 from modforge.runs import RESUME_FREE_KEYS, RunDirTaken
 
 
@@ -112,8 +113,8 @@ def check_trainer_values(t: Any) -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                L.Trainer(**settings, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                          enable_model_summary=False)
+                built = L.Trainer(**settings, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                  enable_model_summary=False)
         finally:
             quiet.setLevel(level)
     except Exception as e:  # noqa: BLE001 - Lightning's MisconfigurationException, ValueError, TypeError ...
@@ -121,6 +122,10 @@ def check_trainer_values(t: Any) -> None:
         named = [k for k in settings if f"{k}=" in first] or [k for k in settings if k in first]
         where = f"trainer.{named[0]}={settings[named[0]]}" if named else "trainer"
         raise registry.ConfigError(f"{where}: {first}") from None
+    if isinstance(lvb, float) and 0 < lvb < 1 and built.world_size > 1:
+        bad("limit_val_batches", f"a fraction cannot be validated exactly once over {built.world_size} DDP ranks "
+            "(each would take the fraction of its own part); give a number of batches, e.g. 50: the batches one "
+            "process would validate, split between the ranks")
 
 
 def user_override_keys(argv: Optional[list] = None) -> Optional[list]:
@@ -209,6 +214,37 @@ def check_trainer_keys(trainer_cfg: Any) -> None:
 FOLLOW_ENV = "MODFORGE_RESUMED_FROM"  # rank 0's resume decision, for the DDP ranks Lightning starts
 
 
+DECISION = ".rank0.json"  # rank 0's resume decision, for ranks started beside it (srun, torchrun)
+
+
+def launched_rank(env: Optional[dict] = None) -> tuple:
+    """(global rank, launch id) of a process that srun (one SLURM task per rank) or torchrun started as one of
+    several DDP ranks; (0, None) for anything else (Lightning starts the other ranks itself). The launch id
+    changes when the job is requeued or restarted, so a rank never follows an earlier attempt's decision."""
+    env = os.environ if env is None else env
+    if int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"]), f"slurm-{env.get('SLURM_JOB_ID')}-{env.get('SLURM_RESTART_COUNT', '0')}"
+    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", "1") or 1) > 1:
+        return int(env.get("RANK", "0")), (f"torchrun-{env['TORCHELASTIC_RUN_ID']}-"
+                                          f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    return 0, None
+
+
+def rank0_decision(out_dir: Path, timeout: float = 900.0) -> dict:
+    """Wait for rank 0 of this launch to write its decision (resume from where, in place or not) in ``out_dir``."""
+    launch = launched_rank()[1]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            decided = json.loads((out_dir / DECISION).read_text())
+            if decided.get("launch") == launch:
+                return decided
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"rank 0 of launch {launch} wrote no decision in {out_dir / DECISION} within {timeout:.0f} s")
+
+
 def unrecorded(ckpt: Any) -> bool:
     """Whether ``ckpt`` is the ``last.ckpt`` of a run that never wrote its final record (killed after its last
     checkpoint): resuming it only completes it, so a step count at its limit is no reason to refuse."""
@@ -234,7 +270,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     load_all()
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
-    follower = os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ  # a DDP rank: rank 0 decided
+    rank, launch = launched_rank()
+    # a DDP rank that rank 0 decides for: one Lightning started (the decision in its environment), or one that srun
+    # or torchrun started beside rank 0 (the decision in a file of the run directory)
+    follower = (os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ) or rank > 0
     try:
         with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
             return _run_locked(cfg, out_dir, t_start, resume, follower)
@@ -262,12 +301,15 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
                                     RunRecord, weights_fingerprint)
     from modforge.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers, finish_loggers,
                                      progress_callbacks)
+    import torch
+
+    from modforge import devices
     from modforge.io import write_json, write_text
     from modforge.runs import FINAL, clear_records, config_difference, read_state, trim_metrics_csv
 
     in_place = False
     if follower:
-        decided = json.loads(os.environ[FOLLOW_ENV])
+        decided = json.loads(os.environ[FOLLOW_ENV]) if FOLLOW_ENV in os.environ else rank0_decision(out_dir)
         resume, in_place = decided["resume"], decided["in_place"]
     else:
         state = read_state(out_dir)
@@ -313,6 +355,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     plain = to_plain(cfg)
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))  # every DDP rank writes it
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision(devices.matmul_precision(cfg.get("matmul_precision"),
+                                                                devices.accelerator_of(cfg.trainer)))
 
     clock = _Phases(t_start)
     clock.mark("setup")  # registry, checks, the directory's state, a checkpoint read to resume
@@ -355,6 +399,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
 
     # DDP ranks (Lightning starts them at the first validate or fit) follow this process's decision
     os.environ[FOLLOW_ENV] = json.dumps({"resume": resume, "in_place": in_place})
+    if launched_rank()[1] is not None and not follower:  # ranks started beside this one wait for it
+        write_json(out_dir / DECISION, {"launch": launched_rank()[1], "resume": resume, "in_place": in_place})
     try:
         if cfg.eval_at_start and not resume:
             record.val_loss_at_start = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get(
@@ -405,6 +451,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         "resumed_at_steps": record.resumed_at,
         "checkpoint": str(last) if (last := out_dir / "checkpoints" / "last.ckpt").exists() else None,
         "config": {g: plain[g].get("name") for g in registry.group_kinds() if g in plain},
+        "devices": devices.devices_record(trainer),
     })
     if cfg.sample and trainer.is_global_zero and metrics["status"] == "finished":
         try:
@@ -505,23 +552,6 @@ def print_summary(m: dict, out_dir: Path) -> None:
     say("\n".join(lines))
 
 
-_HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
-_NOT_FOR_RANKS = ("hydra.sweep.", "hydra.mode=", "hydra.run.dir=", "hydra.job.name=", "hydra.output_subdir=")
-
-
-def job_argv(argv: list, hc: Any) -> list:
-    """The command line of one sweep job: Hydra's config flags and hydra.* overrides kept, the sweep replaced
-    by the job's own overrides, ``-m`` and the sweep/run directories dropped (Lightning adds the run dir)."""
-    flags, rest = [], iter(argv[1:])
-    for a in rest:
-        if a in _HYDRA_VALUE_FLAGS:
-            flags += [a, next(rest, "")]
-        elif a.split("=", 1)[0] in _HYDRA_VALUE_FLAGS:
-            flags.append(a)
-    hydra_overrides = [o for o in hc.overrides.hydra if not o.lstrip("+~").startswith(_NOT_FOR_RANKS)]
-    return [argv[0], *flags, *hydra_overrides, *hc.overrides.task]
-
-
 @contextlib.contextmanager
 def sweep_job():
     """Let a multirun job use DDP: Lightning's relaunch must run this job only, and the next job start clean.
@@ -604,6 +634,9 @@ def preflight(argv: list, multirun: bool) -> int:
     first one starts; all invalid jobs are named at once. Returns the number of jobs."""
     from modforge.config import compose_job, check_output_dir, hydra_loader, job_overrides
 
+    from modforge.launchers import check_launcher_installed
+
+    check_launcher_installed(argv)  # hydra/launcher=slurm without its extra: one line naming the extra
     words, rest = [], iter(argv)
     for a in rest:
         if a in _HYDRA_VALUE_FLAGS:
@@ -657,15 +690,6 @@ def _flag(argv: list, key: str) -> bool:
     """Whether the command line sets the boolean root key ``key`` to true."""
     return any(a.split("=", 1)[0].lstrip("+") == key and a.split("=", 1)[1].strip().lower() in ("true", "yes", "1")
                for a in argv if "=" in a)
-
-
-def hydra_value(value: str) -> str:
-    """``value`` as one Hydra override value (quoted when it holds characters the override grammar reads)."""
-    import re
-
-    if re.fullmatch(r"[A-Za-z0-9_./@%+:-]+", value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def continue_where_recorded(argv: list, multirun: bool) -> list:
@@ -732,6 +756,10 @@ def main(argv: Optional[list] = None) -> None:
             load_all()
             manifest.write()  # for the next --help / Tab
         relaunched_rank = os.environ.get("LOCAL_RANK", "0") != "0"  # a DDP rank Lightning started: rank 0 checked
+        if launched_rank()[1] is not None and not multirun and not info and \
+                not any(a.split("=", 1)[0] == "hydra.run.dir" or a.startswith("resume=") for a in argv):
+            raise registry.ConfigError("this process is one of several DDP ranks started by srun or torchrun: give "
+                                       "hydra.run.dir=<dir> (every rank must train in the same directory)")
         if not relaunched_rank and not info:
             argv = continue_where_recorded(argv, multirun)
             multirun = any(a in ("-m", "--multirun") for a in argv)

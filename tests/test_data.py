@@ -10,6 +10,8 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import math
+
 import pytest
 import torch
 
@@ -452,3 +454,24 @@ def test_synthetic_targets_are_reversed_and_sorted_digits():
             s = tok.decode(src.tolist())
             assert 3 <= len(s) <= 12 and s.isdigit()
             assert tok.decode(out.tolist()) == rule(s)
+
+
+@pytest.mark.parametrize("n,bs,limit,world", [(37, 5, 4, 3), (37, 5, 100, 2), (10, 4, 1.0, 3), (9, 2, 0.5, 2)])
+def test_ddp_validation_sees_one_process_items_once_each(n, bs, limit, world):
+    """Each rank's part of the validation set: together exactly the items one process validates under
+    trainer.limit_val_batches (Lightning's rule), none repeated (torch's DistributedSampler pads with repeats),
+    each rank within Lightning's limit so it cuts nothing more."""
+    from modforge.data.loading import eval_loader, evaluated_items
+
+    data = list(range(100, 100 + n))
+    single = [x for batch in eval_loader(data, batch_size=bs) for x in batch.tolist()]
+    per_batch = math.ceil(n / bs)
+    kept = int(per_batch * limit) if isinstance(limit, float) else min(per_batch, limit)
+    assert evaluated_items(n, bs, limit) == len(single[:kept * bs])
+    parts = [[x for b in eval_loader(data, batch_size=bs, world_size=world, rank=r, limit=limit) for x in b.tolist()]
+             for r in range(world)]
+    seen = [x for p in parts for x in p]
+    assert sorted(seen) == single[:kept * bs] and len(set(seen)) == len(seen)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert all(len(eval_loader(data, batch_size=bs, world_size=world, rank=r, limit=limit)) <= kept
+               for r in range(world))

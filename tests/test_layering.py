@@ -13,7 +13,8 @@ PKG = Path(__file__).resolve().parent.parent / "modforge"
 
 # floor of each module (prefix match, longest first); a module imports only from its floor or below
 FLOORS = {
-    "modforge.registry": 0, "modforge.io": 0, "modforge.stats": 0,
+    "modforge.registry": 0, "modforge.io": 0, "modforge.stats": 0, "modforge.slots": 0, "modforge.devices": 0,
+    "modforge.launchers": 1,
     "modforge.runs": 1, "modforge.data.loading": 1, "modforge.output": 0,
     "modforge.cli": 1, "modforge.plots": 1, "modforge.components": 1, "modforge.optim": 1, "modforge.trainer_schema": 1,
     "modforge.decoding": 1, "modforge.data.tokenizers": 1, "modforge.data.corpus": 1,

@@ -158,3 +158,16 @@ def test_residual_output_projections_get_scaled_init():
     plain = build("model", {"name": "decoder_only", "d_model": 64, "n_heads": 2, "n_layers": 8, "d_ff": 256,
                             "scaled_residual_init": False}, Parts(ffn="gelu"), V)
     assert abs(plain.decoder.blocks[0].ffn.w2.weight.std().item() - 0.02) < 0.002
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_causal_training_reaches_sdpa_with_is_causal_and_no_mask(monkeypatch, pos):
+    """A causal training batch without padding goes to SDPA's flash / memory-efficient kernels on CUDA:
+    ``is_causal=True`` and no mask tensor (a materialised mask would force the math kernel)."""
+    import torch.nn.functional as F
+
+    calls, real = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
+    m = make("decoder_only", pos=pos).train()
+    m(torch.randint(5, V, (2, 10))).sum().backward()
+    assert len(calls) == 2 and all(k.get("is_causal") is True and k.get("attn_mask") is None for k in calls)

@@ -321,17 +321,32 @@ def test_data_longer_than_model_positions_fails_before_training(tmp_path):
 
 @pytest.mark.slow
 def test_ddp_on_cpu_with_two_processes(tmp_path):
-    """trainer=ddp with the gloo backend: two processes, one run directory, global token count."""
+    """trainer=ddp with the gloo backend: two processes, one run directory, global token count; and its
+    validation is one process's: the same items once each (3 batches of 12 split 18/18, each rank's last
+    batch partial), means reduced by sums, so its checkpoint re-evaluated on one process gives its val loss."""
+    import lightning as L
+
+    from modforge import registry
+
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "modforge.train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
            "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=4",
-           "trainer.limit_val_batches=2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+           "trainer.limit_val_batches=3", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
            "data.max_chars=50000", "sample=false", f"hydra.run.dir={run_dir}"]
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
-    assert math.isfinite(m["val"]["val/loss"])
+    assert m["devices"]["world_size"] == 2 and m["devices"]["accelerator"] == "cpu"
+
+    load_all()
+    task = load_checkpoint(str(run_dir / "checkpoints" / "last.ckpt"))
+    dm = registry.build("data", task.run_cfg["data"])
+    dm.prepare(task.tokenizer)
+    one = L.Trainer(accelerator="cpu", devices=1, limit_val_batches=3, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False).validate(task, datamodule=dm, verbose=False)[0]
+    for key in ("val/loss", "val/bpc"):
+        assert abs(m["val"][key] - one[key]) < 1e-6, (key, m["val"][key], one[key])
 
 
 def test_a_sweep_jobs_command_line_for_its_ddp_ranks():

@@ -12,7 +12,9 @@ from typing import Any, Optional
 
 import lightning as L
 
-from modforge.data.loading import ResumableLoader, train_loader
+from torch.utils.data import DataLoader
+
+from modforge.data.loading import ResumableLoader, eval_loader, train_loader
 from modforge.data.tokenizers import Tokenizer, load_tokenizer
 from modforge.registry import declare
 
@@ -93,7 +95,19 @@ class DataModule(L.LightningDataModule):
         """The training loader to return from ``train_dataloader``: shuffled and resumable mid-epoch, so a
         killed run continues with the very batches the uninterrupted run would have drawn
         (:func:`modforge.data.loading.train_loader`; ``shuffle=False`` for a fixed order)."""
+        kwargs.setdefault("pin_memory", on_cuda(self.trainer))
         return train_loader(dataset, consumed=self._batches_trained, **kwargs)
+
+    def val_loader(self, dataset: Any, *, batch_size: int, **kwargs: Any) -> DataLoader:
+        """The validation loader to return from ``val_dataloader``: in order; under DDP each rank validates its
+        own part of exactly the items one process would (:func:`modforge.data.loading.eval_loader`), so the
+        metrics reduced over the ranks are one process's."""
+        trainer = self.trainer
+        kwargs.setdefault("pin_memory", on_cuda(trainer))
+        if trainer is None or trainer.world_size <= 1:
+            return eval_loader(dataset, batch_size=batch_size, **kwargs)
+        return eval_loader(dataset, batch_size=batch_size, world_size=trainer.world_size, rank=trainer.global_rank,
+                           limit=trainer.limit_val_batches, **kwargs)
 
     def _batches_trained(self) -> Optional[int]:
         """Batches of the current epoch the Trainer has trained on (it fetches one ahead of that)."""
@@ -102,6 +116,11 @@ class DataModule(L.LightningDataModule):
             return None
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return 0 if done >= trainer.num_training_batches else done  # a whole epoch: the next one starts afresh
+
+
+def on_cuda(trainer: Any) -> bool:
+    """Whether batches go to a CUDA device (then loaders pin their memory, for asynchronous copies)."""
+    return trainer is not None and type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator"
 
 
 declare("data", "dataset / datamodule (chosen by the task unless given)", base=DataModule)

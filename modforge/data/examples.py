@@ -91,5 +91,5 @@ class ExamplesData(DataModule):
 
     def val_dataloader(self) -> DataLoader:
         c = self.cfg
-        return DataLoader(self.val_set, batch_size=c.batch_size, collate_fn=type(self).collate,
-                          num_workers=c.num_workers)
+        return self.val_loader(self.val_set, batch_size=c.batch_size, collate_fn=type(self).collate,
+                               num_workers=c.num_workers)

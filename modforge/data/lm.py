@@ -148,8 +148,8 @@ class TextLMData(DataModule):
         b = self.cfg.block_size
         starts = torch.arange(0, len(self.val_tokens) - b, b)
         starts = starts[torch.randperm(len(starts), generator=torch.Generator().manual_seed(0))]
-        return DataLoader(Windows(self.val_tokens, b, starts), batch_size=self.cfg.batch_size,
-                          num_workers=self.cfg.num_workers)
+        return self.val_loader(Windows(self.val_tokens, b, starts), batch_size=self.cfg.batch_size,
+                               num_workers=self.cfg.num_workers)
 
 
 # --------------------------------------------------------------------------- stdlib

@@ -18,6 +18,7 @@ The global RNG states (dropout, masking) are the callback
 :class:`~modforge.callbacks.RunRecord`'s part of the checkpoint.
 """
 import itertools
+import math
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -112,3 +113,37 @@ def train_loader(dataset: Any, *, batch_size: int, shuffle: bool = True, replace
     (``replacement``/``num_samples`` as ``RandomSampler``'s), resumable mid-epoch."""
     sampler = ResumableRandomSampler(dataset, replacement=replacement, num_samples=num_samples) if shuffle else None
     return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, consumed=consumed, **kwargs)
+
+
+def evaluated_items(n_items: int, batch_size: int, limit: Any) -> int:
+    """How many items one process validates (the first ones, in order) under ``trainer.limit_val_batches=limit``:
+    Lightning's rule (an int caps the batches, a fraction scales them), counted in items."""
+    batches = math.ceil(n_items / batch_size)
+    if isinstance(limit, float) and not isinstance(limit, bool):
+        batches = int(batches * limit)
+    elif limit is not None:
+        batches = min(batches, int(limit))
+    return min(n_items, batches * batch_size)
+
+
+def eval_loader(dataset: Any, *, batch_size: int, world_size: int = 1, rank: int = 0, limit: Any = None,
+                **kwargs: Any) -> DataLoader:
+    """A validation loader, in order. With ``world_size`` > 1 (DDP) rank ``rank`` gets every world_size-th item
+    of exactly the items one process would validate (:func:`evaluated_items`), none repeated: torch's
+    ``DistributedSampler``, which Lightning would put here, pads the ranks with repeated items, so a DDP run's
+    validation would count some twice and differ from one process's. The ranks' shares differ by one item
+    at most, and each rank runs at most ``limit`` batches, so Lightning's own limit cuts nothing more."""
+    if world_size <= 1:
+        return DataLoader(dataset, batch_size=batch_size, **kwargs)
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+    from torch.utils.data import Subset
+
+    n = evaluated_items(len(dataset), batch_size, limit)
+    if n < world_size:
+        from modforge.registry import ConfigError
+
+        raise ConfigError(f"trainer.limit_val_batches={limit}: validation would see {n} items, fewer than the "
+                          f"{world_size} DDP ranks (each needs at least one)")
+    part = Subset(dataset, range(n))
+    sampler = UnrepeatedDistributedSampler(part, num_replicas=world_size, rank=rank, shuffle=False)
+    return DataLoader(part, batch_size=batch_size, sampler=sampler, **kwargs)

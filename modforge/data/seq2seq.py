@@ -83,7 +83,7 @@ class SyntheticSeq2Seq(DataModule):
 
     def val_dataloader(self) -> DataLoader:
         c = self.cfg
-        return DataLoader(self._pairs(c.n_val, c.seed + 1), batch_size=c.batch_size, collate_fn=collate_pairs)
+        return self.val_loader(self._pairs(c.n_val, c.seed + 1), batch_size=c.batch_size, collate_fn=collate_pairs)
 
 
 @register("data", "reverse", config=SyntheticConfig)

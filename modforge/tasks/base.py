@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torchmetrics import Metric
 
 from modforge.models.blocks import Parts
 from modforge.registry import ConfigError, build, declare
@@ -56,6 +57,7 @@ class Task(L.LightningModule):
         self.tokenizer = facts.tokenizer
         self.model = build("model", run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size)
         self.tokens_seen = 0
+        self.val_means = torch.nn.ModuleDict()  # log_mean's metrics (their sums are not saved in checkpoints)
         # the longest context the model was trained on: the data's sequence length, capped by model.max_len
         self.context_len = min(facts.positions, self.model.cfg.max_len)
 
@@ -72,6 +74,20 @@ class Task(L.LightningModule):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
                                ignore_index=self.tokenizer.pad_id, label_smoothing=ls)
 
+    def log_mean(self, name: str, value: Any, weight: Any, prog_bar: bool = False) -> None:
+        """Log ``name`` as the mean of ``value`` over the validation epoch, each value counting ``weight`` (its
+        tokens, its examples): a torchmetrics metric that sums value*weight and weight, reduced across
+        DDP ranks by sums, so a DDP run reports exactly what one process does on the same items (Lightning's
+        ``sync_dist`` would average the ranks' means instead)."""
+        key = name.replace("/", "__")  # a ModuleDict key cannot hold "."; "/" kept readable
+        if key not in self.val_means:
+            with torch.inference_mode(False):
+                self.val_means[key] = _Mean().to(self.device)
+        metric = self.val_means[key]
+        metric.update(torch.as_tensor(value, dtype=torch.float32, device=self.device).detach(),
+                      torch.as_tensor(weight, dtype=torch.float32, device=self.device))
+        self.log(name, metric, prog_bar=prog_bar, on_step=False, on_epoch=True, metric_attribute=f"val_means.{key}")
+
     def count_tokens(self, n: int) -> None:
         self.tokens_seen += int(n)
 
@@ -85,6 +101,31 @@ class Task(L.LightningModule):
     def summary_sample(self) -> Optional[str]:
         """A short human-readable sample for the end-of-run summary (None: nothing to show)."""
         return None
+
+
+class _Mean(Metric):
+    """A weighted mean whose two sums torchmetrics reduces across DDP ranks. Not torchmetrics' ``MeanMetric``:
+    with ``nan_strategy="disable"`` (a NaN loss must stay NaN: that is a divergence) its weights are replaced by
+    ones (torchmetrics 1.9). Its sums stay normal tensors: ``trainer.validate`` runs in inference mode, the
+    validations inside ``fit`` do not, and a sum re-created by a reset in one could not be updated in the other."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__(sync_on_compute=True)
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("weight", torch.tensor(0.0), dist_reduce_fx="sum")
+
+    def update(self, value: torch.Tensor, weight: torch.Tensor) -> None:
+        self.total += torch.where(weight > 0, value * weight, 0.0)  # nothing counted (a NaN mean of none): 0
+        self.weight += weight
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.weight
+
+    def reset(self) -> None:
+        with torch.inference_mode(False):
+            super().reset()
 
 
 def check_fit(task: Any, model: Any, data: Any) -> None:

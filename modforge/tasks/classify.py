@@ -91,8 +91,8 @@ class Classify(Task):
         logits, acc = self._step(b)
         loss = F.cross_entropy(logits.float(), b["label"])
         B = b["src"].shape[0]
-        self.log("val/loss", loss, prog_bar=True, batch_size=B, sync_dist=True)
-        self.log("val/acc", acc, prog_bar=True, batch_size=B, sync_dist=True)
+        self.log_mean("val/loss", loss, B, prog_bar=True)
+        self.log_mean("val/acc", acc, B, prog_bar=True)
         return loss
 
     @torch.no_grad()

@@ -42,10 +42,11 @@ class CausalLM(Task):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         loss = self.xent(self.model(x), y, smoothing=0.0)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        n = int((y != self.tokenizer.pad_id).sum())  # the mean over target tokens, whatever the batches
+        self.log_mean("val/loss", loss, n, prog_bar=True)
         # bits per character: nats per token -> bits, times tokens per character of the val text
         if self.facts.tokens_per_char is not None:
-            self.log("val/bpc", bits(loss.item()) * self.facts.tokens_per_char, sync_dist=True)
+            self.log_mean("val/bpc", bits(loss) * self.facts.tokens_per_char, n)
         return loss
 
     def generate_text(self, prompt: str, max_new: int, temperature: float = 0.8, top_k: int = 0,
@@ -119,8 +120,8 @@ class MaskedLM(Task):
         gen = torch.Generator(device=x.device).manual_seed(batch_idx)  # same masks at every evaluation
         logits, targets, acc, n = self._step(x, gen)
         loss = self.xent(logits, targets, smoothing=0.0)
-        self.log("val/loss", loss, prog_bar=True, batch_size=max(n, 1), sync_dist=True)
-        self.log("val/masked_acc", acc, prog_bar=True, batch_size=max(n, 1), sync_dist=True)
+        self.log_mean("val/loss", loss, n, prog_bar=True)  # over the masked tokens
+        self.log_mean("val/masked_acc", acc, n, prog_bar=True)
         return loss
 
 

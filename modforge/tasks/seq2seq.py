@@ -39,14 +39,13 @@ class Seq2Seq(Task):
         loss = self.xent(logits, b["tgt_out"], smoothing=0.0)
         real = b["tgt_out"] != self.tokenizer.pad_id
         acc = (logits.argmax(-1)[real] == b["tgt_out"][real]).float().mean()
-        B = b["src"].shape[0]
-        self.log("val/loss", loss, prog_bar=True, batch_size=B, sync_dist=True)
-        self.log("val/token_acc", acc, prog_bar=True, batch_size=B, sync_dist=True)
-        if self.cfg.decode_in_val:
-            self.log("val/exact_match", self.exact_match(b), prog_bar=True, batch_size=B, sync_dist=True)
+        B, n = b["src"].shape[0], int(real.sum())
+        self.log_mean("val/loss", loss, n, prog_bar=True)  # means over target tokens ...
+        self.log_mean("val/token_acc", acc, n, prog_bar=True)
+        if self.cfg.decode_in_val:  # ... and over pairs
+            self.log_mean("val/exact_match", self.exact_match(b), B, prog_bar=True)
         if self.cfg.val_beam_size > 0:
-            self.log("val/exact_match_beam", self.exact_match(b, beam=self.cfg.val_beam_size), batch_size=B,
-                     sync_dist=True)
+            self.log_mean("val/exact_match_beam", self.exact_match(b, beam=self.cfg.val_beam_size), B)
         return loss
 
     @torch.no_grad()

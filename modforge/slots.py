@@ -1,0 +1,134 @@
+"""GPU slots: which job runs on which devices, so that no two jobs ever share one and none stays idle.
+
+Plain Python (no torch, no Hydra): the decisions of ``hydra/launcher=gpus``
+(:mod:`modforge.launchers`) are made here and tested on simulated devices.
+
+* :class:`SlotPool` hands out devices: ``take(k)`` gives the k lowest free ones
+  (or nothing when fewer are free), ``give`` returns them.
+* :func:`schedule` runs jobs that each need some devices: whenever devices are
+  free it starts every waiting job that fits, in job order (a job that needs
+  more than are free waits, and smaller jobs behind it go first: no device
+  stays idle while a waiting job could use it), then waits for any job to end
+  and gives its devices to the next.
+* :func:`devices_needed` reads a job's ``trainer.devices``; :func:`pool_devices`
+  the launcher's ``devices`` setting.
+"""
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+
+class SlotError(ValueError):
+    """A job that cannot be placed, or a device list that cannot be used (one line, naming the key)."""
+
+
+class SlotPool:
+    def __init__(self, devices: Sequence[str]):
+        if len(set(devices)) != len(devices):
+            raise SlotError(f"hydra.launcher.devices={list(devices)}: a device is listed twice")
+        self.devices = list(devices)
+        self.free = list(devices)
+
+    def take(self, k: int) -> Optional[list]:
+        """The k lowest free devices (pool order), now taken; None when fewer than k are free."""
+        if k > len(self.free):
+            return None
+        taken = sorted(self.free, key=self.devices.index)[:k]
+        self.free = [d for d in self.free if d not in taken]
+        return taken
+
+    def give(self, devices: Iterable[str]) -> None:
+        back = list(devices)
+        if any(d not in self.devices or d in self.free for d in back):
+            raise SlotError(f"devices {back} were not taken from this pool")  # a scheduler bug, never a user's
+        self.free += back
+
+
+@dataclass
+class Placed:
+    job: int  # index into the jobs given to schedule()
+    devices: list
+    handle: Any  # what start() returned
+
+
+def schedule(needs: Sequence[int], devices: Sequence[str], start: Callable[[int, list], Any],
+             wait: Callable[[list], list]) -> list:
+    """Run job i (needing ``needs[i]`` devices) with ``start(i, devices)``, at most as many at once as the devices
+    allow; ``wait(running)`` blocks until one or more of the running :class:`Placed` end and returns those.
+    Returns every :class:`Placed`, in the order they ended. A job needing more devices than exist is refused
+    before anything starts."""
+    pool = SlotPool(devices)
+    too_big = [(i, k) for i, k in enumerate(needs) if k > len(pool.devices) or k < 1]
+    if too_big:
+        i, k = too_big[0]
+        raise SlotError(f"job #{i} needs {k} devices (trainer.devices) and the launcher has "
+                        f"{len(pool.devices)} ({', '.join(pool.devices)}): give trainer.devices between 1 and "
+                        f"{len(pool.devices)}, or more devices (hydra.launcher.devices)")
+    waiting = list(range(len(needs)))
+    running: list = []
+    ended: list = []
+    try:
+        while waiting or running:
+            for i in list(waiting):
+                got = pool.take(needs[i])
+                if got is not None:
+                    waiting.remove(i)
+                    running.append(Placed(i, got, None))
+                    running[-1].handle = start(i, got)
+            if not running:  # unreachable: every job fits an empty pool
+                raise SlotError(f"jobs {waiting} cannot be placed on {pool.devices}")
+            done = wait(running)
+            for p in done:
+                running.remove(p)
+                pool.give(p.devices)
+                ended.append(p)
+    finally:
+        if running:  # interrupted (Ctrl-C): the caller stops what is still running; the record says what ran
+            ended += running
+    return ended
+
+
+def devices_needed(value: Any, pool_size: int) -> int:
+    """How many devices of the pool a job with ``trainer.devices=value`` takes: a count as given; "auto" or
+    -1 all of them. A list of device ids is refused: the launcher chooses the devices."""
+    if isinstance(value, bool):
+        raise SlotError(f"trainer.devices={value}: give a number of devices")
+    if value in ("auto", -1, "-1"):
+        return pool_size
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    raise SlotError(f"trainer.devices={value}: under hydra/launcher=gpus give a number of devices (e.g. "
+                    "trainer.devices=2); the launcher chooses which ones, so that jobs never share a GPU")
+
+
+def pool_devices(setting: Any, visible: Optional[str] = None, count: Optional[Callable[[], int]] = None) -> list:
+    """The devices the launcher hands out, as strings (``CUDA_VISIBLE_DEVICES`` entries):
+    ``hydra.launcher.devices`` given as a list (those), a number n (0 .. n-1); null: the GPUs this process
+    sees (``CUDA_VISIBLE_DEVICES`` if set, else torch's device count)."""
+    if isinstance(setting, (list, tuple)) or (setting is not None and hasattr(setting, "__iter__")
+                                              and not isinstance(setting, str)):
+        devices = [str(d) for d in setting]
+        if not devices:
+            raise SlotError("hydra.launcher.devices=[]: give at least one device")
+        return devices
+    if isinstance(setting, int) and not isinstance(setting, bool):
+        if setting < 1:
+            raise SlotError(f"hydra.launcher.devices={setting}: give a positive number of devices, or a list")
+        return [str(i) for i in range(setting)]
+    if setting is not None:
+        raise SlotError(f"hydra.launcher.devices={setting}: a list of device ids, a number, or null (the visible GPUs)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is not None and visible.strip():
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    n = count() if count is not None else 0
+    if n < 1:
+        raise SlotError("hydra/launcher=gpus: no GPU is visible here; give hydra.launcher.devices=N to run N jobs "
+                        "at a time anyway (CPU slots), or use the default launcher")
+    return [str(i) for i in range(n)]
+
+
+def cpu_threads(job_devices: int, pool_size: int, cores: Optional[int] = None) -> int:
+    """Threads for a CPU job holding ``job_devices`` of ``pool_size`` slots: its share of the cores (at least 1),
+    so that jobs running side by side do not oversubscribe the machine."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores * job_devices // pool_size)

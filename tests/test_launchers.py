@@ -1,0 +1,248 @@
+"""Sweeps on GPUs and clusters: the slot allocator on simulated devices, the device decisions made on CPU,
+and each launcher run for real on CPU (hydra/launcher=gpus with simulated slots, submitit's local executor
+with a preempted and requeued job, a local Ray, and DDP ranks started the way srun starts them)."""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from modforge.devices import accelerator_of, fused_optimizer, matmul_precision
+from modforge.launchers import check_launcher_installed, job_tasks, labels, ray_gpus
+from modforge.registry import ConfigError
+from modforge.slots import SlotError, SlotPool, cpu_threads, devices_needed, pool_devices, schedule
+
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "data.max_chars=50000", "sample=false",
+        "eval_at_start=false", "trainer.limit_val_batches=2"]
+
+
+# --------------------------------------------------------------------------- the slot allocator, simulated
+
+
+def simulate(needs, durations, devices):
+    """Run ``schedule`` on a simulated clock; returns (placements with start/end times, decision snapshots)."""
+    clock = {"now": 0.0}
+    timeline, snapshots = [], []
+
+    def start(i, got):
+        timeline.append({"job": i, "devices": got, "start": clock["now"], "end": clock["now"] + durations[i]})
+        return timeline[-1]
+
+    def wait(running):
+        # after every round of starts: what was idle, and which jobs were still waiting
+        busy = {d for p in running for d in p.devices}
+        started = {p.job for p in running} | {t["job"] for t in timeline}
+        snapshots.append((len(devices) - len(busy), [needs[j] for j in range(len(needs)) if j not in started]))
+        clock["now"] = min(p.handle["end"] for p in running)
+        return [p for p in running if p.handle["end"] <= clock["now"]]
+
+    ended = schedule(needs, devices, start, wait)
+    return timeline, snapshots, ended
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slots_never_shared_every_job_once_no_device_idle_while_a_waiting_job_fits(seed):
+    rng = random.Random(seed)
+    devices = ["0", "1", "2", "3"]
+    needs = [rng.choice([1, 2]) for _ in range(10)]
+    durations = [rng.uniform(1, 10) for _ in range(10)]
+    timeline, snapshots, ended = simulate(needs, durations, devices)
+    assert sorted(t["job"] for t in timeline) == list(range(10)) and len(ended) == 10
+    for t in timeline:
+        assert len(t["devices"]) == needs[t["job"]] and len(set(t["devices"])) == needs[t["job"]]
+    for a in timeline:  # no two jobs on one device at the same time
+        for b in timeline:
+            if a is not b and set(a["devices"]) & set(b["devices"]):
+                assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    for idle, waiting in snapshots:  # work-conserving: nothing waiting could have used the idle devices
+        assert all(need > idle for need in waiting), (idle, waiting)
+    assert max(t["end"] for t in timeline) < sum(durations)  # jobs did run side by side
+
+
+def test_a_two_device_job_waits_while_one_device_jobs_fill_the_gaps():
+    timeline, _, _ = simulate([1, 2, 1, 1], [5, 1, 1, 1], ["0", "1"])
+    first = {t["job"]: t for t in timeline}
+    assert first[0]["devices"] == ["0"] and first[2]["devices"] == ["1"]  # #1 (2 GPUs) cannot start yet: #2 can
+    assert first[1]["start"] == 5 and first[1]["devices"] == ["0", "1"]
+
+
+def test_pool_hands_out_the_lowest_free_devices_and_takes_them_back():
+    pool = SlotPool(["4", "5", "6"])
+    assert pool.take(2) == ["4", "5"] and pool.take(2) is None and pool.take(1) == ["6"]
+    pool.give(["4"])
+    assert pool.take(1) == ["4"]
+    with pytest.raises(SlotError):
+        pool.give(["9"])
+
+
+def test_a_job_too_big_for_the_pool_is_refused_before_anything_starts():
+    started = []
+    with pytest.raises(SlotError, match=r"job #1 needs 3 devices \(trainer.devices\) and the launcher has 2"):
+        schedule([1, 3], ["0", "1"], lambda i, d: started.append(i), lambda r: r)
+    assert started == []
+
+
+def test_devices_of_the_pool_and_of_a_job():
+    assert pool_devices([2, 3]) == ["2", "3"] and pool_devices(3) == ["0", "1", "2"]
+    assert pool_devices(None, visible="1, 3") == ["1", "3"]
+    assert pool_devices(None, visible="", count=lambda: 2) == ["0", "1"]
+    with pytest.raises(SlotError, match=r"no GPU is visible here; give hydra.launcher.devices=N"):
+        pool_devices(None, visible="", count=lambda: 0)
+    with pytest.raises(SlotError, match="listed twice"):
+        SlotPool(["0", "0"])
+    assert devices_needed(2, 4) == 2 and devices_needed("auto", 4) == 4 and devices_needed(-1, 3) == 3
+    with pytest.raises(SlotError, match=r"trainer.devices=\[0, 1\]: under hydra/launcher=gpus give a number"):
+        devices_needed([0, 1], 4)
+    assert cpu_threads(1, 2, cores=16) == 8 and cpu_threads(1, 4, cores=2) == 1
+
+
+def test_cluster_resources_from_the_trainer_settings():
+    assert ray_gpus("gpu", 2) == 2 and ray_gpus("cpu", 2) == 0 and ray_gpus("auto", 1) == 0
+    assert job_tasks(4) == 4
+    with pytest.raises(ConfigError, match=r"trainer.devices=\[0\]: under hydra/launcher=slurm"):
+        job_tasks([0])
+    assert labels([["a=1", "b=2"], ["a=1", "b=3"]]) == ["b=2", "b=3"] and labels([["a=1"]]) == ["a=1"]
+
+
+def test_a_missing_extra_is_named_in_one_line(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("hydra_plugins.hydra_") else real(name, *a))
+    for option, extra in (("slurm", "slurm"), ("ray", "ray"), ("joblib", "sweep")):
+        with pytest.raises(ConfigError, match=re.escape(f"pip install 'modforge[{extra}]'")):
+            check_launcher_installed(["-m", f"hydra/launcher={option}", "norm=rms"])
+    check_launcher_installed(["hydra/launcher=gpus"])  # modforge's own: nothing to install
+
+
+# --------------------------------------------------------------------------- device decisions, on CPU
+
+
+def test_fused_adam_only_when_every_parameter_is_on_cuda():
+    cuda = SimpleNamespace(device=SimpleNamespace(type="cuda"), is_floating_point=lambda: True)
+    cpu = SimpleNamespace(device=SimpleNamespace(type="cpu"), is_floating_point=lambda: True)
+    assert fused_optimizer(None, [cuda, cuda]) and not fused_optimizer(None, [cuda, cpu])
+    assert not fused_optimizer(None, []) and fused_optimizer(True, [cpu]) and not fused_optimizer(False, [cuda])
+    import torch
+
+    from modforge.registry import build
+
+    opt = build("optim", {"name": "adamw"}, [torch.nn.Parameter(torch.zeros(2, 2))])
+    assert not opt.defaults["fused"]  # CPU: the unfused loop, the committed numbers unchanged
+
+
+def test_tf32_on_cuda_only_unless_asked():
+    assert matmul_precision(None, "cuda") == "high" and matmul_precision(None, "cpu") == "highest"
+    assert matmul_precision("medium", "cpu") == "medium"
+    assert accelerator_of({"accelerator": "gpu"}) == "cuda" and accelerator_of({"accelerator": "cpu"}) == "cpu"
+
+
+def test_loaders_pin_memory_for_a_cuda_trainer_only():
+    from modforge.data.base import on_cuda
+
+    CUDAAccelerator = type("CUDAAccelerator", (), {})
+    assert on_cuda(SimpleNamespace(accelerator=CUDAAccelerator())) and not on_cuda(None)
+    assert not on_cuda(SimpleNamespace(accelerator=object()))
+
+
+def test_launched_rank_of_srun_and_torchrun_tasks():
+    from modforge.train import launched_rank
+
+    assert launched_rank({}) == (0, None)
+    assert launched_rank({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == (0, None)  # one task: Lightning's ranks
+    assert launched_rank({"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_JOB_ID": "7",
+                          "SLURM_RESTART_COUNT": "2"}) == (1, "slurm-7-2")
+    assert launched_rank({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "RANK": "1"}) == (1, "torchrun-x-0")
+
+
+# --------------------------------------------------------------------------- the launchers, for real on CPU
+
+
+def train(args, cwd, env=None, timeout=300):
+    p = subprocess.run([sys.executable, "-m", "modforge.train", *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+def metrics_of(sweep):
+    return {d.name.split("_")[0]: json.loads((d / "metrics.json").read_text())
+            for d in sorted(sweep.iterdir()) if (d / "metrics.json").exists()}
+
+
+@pytest.mark.slow
+def test_gpus_launcher_runs_jobs_side_by_side_one_device_each(tmp_path):
+    sweep = tmp_path / "sweep"
+    p = train(["-m", "hydra/launcher=gpus", "hydra.launcher.devices=[a,b]", "seed=1,2,3", "trainer.max_steps=10",
+               "trainer.val_check_interval=10", *TINY, f"hydra.sweep.dir={sweep}"], tmp_path)
+    free, order = {"a", "b"}, []
+    for line in p.stdout.splitlines():  # the launcher's own record: no device is ever given twice
+        if m := re.match(r"\[modforge\] #(\d) (started|ended).* on device (\w+)", line):
+            job, what, dev = m.groups()
+            order.append((job, what))
+            if what == "started":
+                assert dev in free, line
+                free.discard(dev)
+            else:
+                free.add(dev)
+    assert order[:2] == [("0", "started"), ("1", "started")] and ("2", "started") in order[2:]
+    m = metrics_of(sweep)
+    assert sorted(m) == ["0", "1", "2"] and all(r["status"] == "finished" and r["steps"] == 10 for r in m.values())
+    assert {m["0"]["devices"]["cuda_visible_devices"], m["1"]["devices"]["cuda_visible_devices"]} == {"a", "b"}
+    assert "3 finished" in p.stdout
+    p = train(["-m", "resume=" + str(sweep)], tmp_path)  # re-run: every job skipped (planned from its directory)
+    assert "started" not in p.stdout and "3 finished" in p.stdout
+
+
+@pytest.mark.slow
+def test_slurm_preset_on_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path):
+    """hydra/launcher=slurm_local: a 2-job sweep; job #1 gets SIGUSR2 (a preemption) at step 15, submitit
+    requeues it and it resumes from its step-10 checkpoint to finish its 20 steps."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep = tmp_path / "sweep"
+    env = dict(os.environ, MODFORGE_FAULT="preempt@step=15@job=1")
+    p = train(["-m", "hydra/launcher=slurm_local", "seed=1,2", "trainer.max_steps=20", "trainer.val_check_interval=10",
+               *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, env=env)
+    assert "2 jobs: 2 finished" in p.stdout
+    m = metrics_of(sweep)
+    assert m["0"]["resumed_at_steps"] == [] and m["0"]["steps"] == 20
+    assert m["1"]["resumed_at_steps"] == [10] and m["1"]["steps"] == 20 and m["1"]["status"] == "finished"
+    logs = "".join(f.read_text() for f in (sweep / ".submitit").rglob("*_log.err"))
+    assert "Caught signal SIGUSR2" in logs and "preempted" in logs
+
+
+@pytest.mark.slow
+def test_ray_launcher_runs_a_two_job_sweep_on_a_local_ray(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    sweep = tmp_path / "sweep"
+    p = train(["-m", "hydra/launcher=ray", "seed=1,2", "trainer.max_steps=5", "trainer.val_check_interval=5",
+               *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, timeout=600)
+    assert "#0 to Ray (0 GPUs): seed=1" in p.stdout and "2 jobs: 2 finished" in p.stdout
+    assert sorted(metrics_of(sweep)) == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
+    """Two processes with SLURM's task variables (what srun gives each task when tasks_per_node =
+    trainer.devices): Lightning's SLURM environment joins them; rank 1 follows rank 0's resume decision."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "modforge.train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+            "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=4", *TINY,
+            f"hydra.run.dir={run_dir}"]
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_PROCID=str(rank),
+                   SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_NNODES="1", SLURM_NODELIST="localhost",
+                   SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", MASTER_PORT=str(20000 + os.getpid() % 20000))
+        procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["devices"]["world_size"] == 2 and m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
+    assert json.loads((run_dir / ".rank0.json").read_text())["launch"] == "slurm-4242-0"
