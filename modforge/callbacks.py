@@ -210,6 +210,50 @@ class Checkpoints(ModelCheckpoint):
             super()._save_checkpoint(trainer, filepath)
 
 
+class SaveOnPreemption(L.Callback):
+    """A job that a cluster preempts (or that is about to hit its time limit) writes ``last.ckpt`` at the end of
+    the step in progress, then lets submitit requeue it: the requeued job resumes from that very step instead of
+    the last periodic checkpoint. submitit's signal (``$SUBMITIT_PREEMPT_SIGNAL``, SIGUSR2 by default) is
+    noted when it arrives and acted on between steps: a checkpoint written inside the signal handler could
+    catch the weights half-updated. Under DDP the ranks agree at each step whether any was signalled (one
+    small all-reduce), so they all reach the checkpoint's barrier together."""
+
+    def __init__(self, signum: int, last: Path, divergence: DivergenceStop):
+        self.signum, self.last, self.divergence = signum, Path(last), divergence
+        self.pending: Optional[tuple] = None
+        self.previous: Any = None
+
+    @staticmethod
+    def signal_of_submitit() -> Optional[int]:
+        """The preemption signal when this process is a submitit job (SLURM, or its local executor), else None."""
+        if not os.environ.get("SUBMITIT_EXECUTOR"):
+            return None
+        return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+
+    def on_train_start(self, trainer, pl_module):
+        self.previous = signal.getsignal(self.signum)
+        signal.signal(self.signum, self._note)
+
+    def _note(self, signum, frame):
+        self.pending = (signum, frame)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        hit = self.pending is not None
+        if trainer.world_size > 1:
+            hit = trainer.strategy.reduce_boolean_decision(hit, all=False)
+        if not hit:
+            return
+        if self.divergence.diverged_at is None and self.divergence.bad_steps == 0:  # never non-finite weights
+            trainer.save_checkpoint(self.last)
+        self.on_train_end(trainer, pl_module)
+        if self.pending is not None and callable(self.previous):
+            self.previous(*self.pending)  # submitit: requeue this job and exit (rank 0), or nothing (other ranks)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.previous is not None:
+            signal.signal(self.signum, self.previous)
+
+
 # --------------------------------------------------------------------------- writing checkpoints
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -282,6 +326,6 @@ class FaultInjector(L.Callback):
         if injected_fault("raise", "step", step):
             raise RuntimeError(f"fault injected at step {step} ({FAULT_ENV})")
         once = Path(trainer.default_root_dir) / f".preempted-at-{step}"
-        if injected_fault("preempt", "step", step) and not once.exists():
-            once.touch()  # once: the requeued run passes this step again
+        if injected_fault("preempt", "step", step) and trainer.is_global_zero and not once.exists():
+            once.touch()  # once: the requeued run passes this step again; rank 0 only: the others must be told
             os.kill(os.getpid(), signal.SIGUSR2)  # what SLURM (and submitit's local executor) send to preempt a job

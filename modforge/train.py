@@ -298,7 +298,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     from torch import nn
 
     from modforge.callbacks import (FAULT_ENV, AtomicCheckpointIO, Checkpoints, DivergenceStop, FaultInjector,
-                                    RunRecord, weights_fingerprint)
+                                    RunRecord, SaveOnPreemption, weights_fingerprint)
     from modforge.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers, finish_loggers,
                                      progress_callbacks)
     import torch
@@ -389,6 +389,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     callbacks += configured_callbacks(chosen)
     if os.environ.get(FAULT_ENV):
         callbacks.append(FaultInjector())
+    if (preempt := SaveOnPreemption.signal_of_submitit()) is not None:  # after the fault injector: same step
+        callbacks.append(SaveOnPreemption(preempt, out_dir / "checkpoints" / "last.ckpt", divergence))
     with _quiet_about_existing_records(in_place):
         trainer = L.Trainer(**settings, default_root_dir=str(out_dir),
                             logger=[AppendingCSVLogger(str(out_dir), name="logs", version=""),

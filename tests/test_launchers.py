@@ -201,17 +201,18 @@ def test_gpus_launcher_runs_jobs_side_by_side_one_device_each(tmp_path):
 
 @pytest.mark.slow
 def test_slurm_preset_on_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path):
-    """hydra/launcher=slurm_local: a 2-job sweep; job #1 gets SIGUSR2 (a preemption) at step 15, submitit
-    requeues it and it resumes from its step-10 checkpoint to finish its 20 steps."""
+    """hydra/launcher=slurm_local: a 2-job sweep; job #1 gets SIGUSR2 (a preemption) at step 15: it writes its
+    checkpoint at the end of that step, submitit requeues it, and it resumes there to finish its 20 steps."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     sweep = tmp_path / "sweep"
     env = dict(os.environ, MODFORGE_FAULT="preempt@step=15@job=1")
-    p = train(["-m", "hydra/launcher=slurm_local", "seed=1,2", "trainer.max_steps=20", "trainer.val_check_interval=10",
-               *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, env=env)
+    p = train(["-m", "hydra/launcher=slurm_local", "seed=1,1", "trainer.max_steps=20", "trainer.val_check_interval=10",
+               *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, env=env)  # the same run twice, #1 preempted
     assert "2 jobs: 2 finished" in p.stdout
     m = metrics_of(sweep)
     assert m["0"]["resumed_at_steps"] == [] and m["0"]["steps"] == 20
-    assert m["1"]["resumed_at_steps"] == [10] and m["1"]["steps"] == 20 and m["1"]["status"] == "finished"
+    assert m["1"]["val"] == m["0"]["val"]  # the requeued run resumed exactly: the same numbers
+    assert m["1"]["resumed_at_steps"] == [15] and m["1"]["steps"] == 20 and m["1"]["status"] == "finished"
     logs = "".join(f.read_text() for f in (sweep / ".submitit").rglob("*_log.err"))
     assert "Caught signal SIGUSR2" in logs and "preempted" in logs
 
@@ -229,7 +230,9 @@ def test_ray_launcher_runs_a_two_job_sweep_on_a_local_ray(tmp_path):
 @pytest.mark.slow
 def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
     """Two processes with SLURM's task variables (what srun gives each task when tasks_per_node =
-    trainer.devices): Lightning's SLURM environment joins them; rank 1 follows rank 0's resume decision."""
+    trainer.devices): Lightning's SLURM environment joins them; rank 1 follows rank 0's resume decision. As
+    submitit jobs, rank 0 alone is signalled a preemption at step 2: both ranks write the checkpoint (its
+    barrier would hang if rank 1 were not told) and, with no submitit to requeue, train on to step 4."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "modforge.train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
             "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=4", *TINY,
@@ -238,7 +241,8 @@ def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
     for rank in (0, 1):
         env = dict(os.environ, SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_PROCID=str(rank),
                    SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_NNODES="1", SLURM_NODELIST="localhost",
-                   SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", MASTER_PORT=str(20000 + os.getpid() % 20000))
+                   SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", MASTER_PORT=str(20000 + os.getpid() % 20000),
+                   SUBMITIT_EXECUTOR="slurm", MODFORGE_FAULT="preempt@step=2")
         procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -246,3 +250,4 @@ def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["devices"]["world_size"] == 2 and m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
     assert json.loads((run_dir / ".rank0.json").read_text())["launch"] == "slurm-4242-0"
+    assert (run_dir / ".preempted-at-2").exists() and m["status"] == "finished"
