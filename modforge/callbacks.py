@@ -246,8 +246,9 @@ class SaveOnPreemption(L.Callback):
         if self.divergence.diverged_at is None and self.divergence.bad_steps == 0:  # never non-finite weights
             trainer.save_checkpoint(self.last)
         self.on_train_end(trainer, pl_module)
-        if self.pending is not None and callable(self.previous):
-            self.previous(*self.pending)  # submitit: requeue this job and exit (rank 0), or nothing (other ranks)
+        noted, self.pending = self.pending, None
+        if noted is not None and callable(self.previous):
+            self.previous(*noted)  # submitit: requeue this job and exit (rank 0), or nothing (other ranks)
 
     def on_train_end(self, trainer, pl_module):
         if self.previous is not None:

@@ -96,9 +96,9 @@ class GpuSlotLauncher:
         setting = self.devices_setting
         if OmegaConf.is_config(setting):
             setting = OmegaConf.to_container(setting, resolve=True)
+        jobs: list = []
         try:
             devices = pool_devices(setting, count=_cuda_count)
-            jobs = []
             for i, overrides in enumerate(job_overrides):
                 num = initial_job_idx + i
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))

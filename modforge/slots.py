@@ -67,24 +67,19 @@ def schedule(needs: Sequence[int], devices: Sequence[str], start: Callable[[int,
     waiting = list(range(len(needs)))
     running: list = []
     ended: list = []
-    try:
-        while waiting or running:
-            for i in list(waiting):
-                got = pool.take(needs[i])
-                if got is not None:
-                    waiting.remove(i)
-                    running.append(Placed(i, got, None))
-                    running[-1].handle = start(i, got)
-            if not running:  # unreachable: every job fits an empty pool
-                raise SlotError(f"jobs {waiting} cannot be placed on {pool.devices}")
-            done = wait(running)
-            for p in done:
-                running.remove(p)
-                pool.give(p.devices)
-                ended.append(p)
-    finally:
-        if running:  # interrupted (Ctrl-C): the caller stops what is still running; the record says what ran
-            ended += running
+    while waiting or running:
+        for i in list(waiting):
+            got = pool.take(needs[i])
+            if got is not None:
+                waiting.remove(i)
+                running.append(Placed(i, got, None))
+                running[-1].handle = start(i, got)
+        if not running:  # unreachable: every job fits an empty pool
+            raise SlotError(f"jobs {waiting} cannot be placed on {pool.devices}")
+        for p in wait(running):
+            running.remove(p)
+            pool.give(p.devices)
+            ended.append(p)
     return ended
 
 

@@ -139,7 +139,7 @@ def eval_loader(dataset: Any, *, batch_size: int, world_size: int = 1, rank: int
     from torch.utils.data import Subset
 
     n = evaluated_items(len(dataset), batch_size, limit)
-    if n < world_size:
+    if 0 < n < world_size:
         from modforge.registry import ConfigError
 
         raise ConfigError(f"trainer.limit_val_batches={limit}: validation would see {n} items, fewer than the "
