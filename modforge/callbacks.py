@@ -222,6 +222,7 @@ class SaveOnPreemption(L.Callback):
         self.signum, self.last, self.divergence = signum, Path(last), divergence
         self.pending: Optional[tuple] = None
         self.previous: Any = None
+        self.step = 0
 
     @staticmethod
     def signal_of_submitit() -> Optional[int]:
@@ -232,12 +233,16 @@ class SaveOnPreemption(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.previous = signal.getsignal(self.signum)
+        self.step = trainer.global_step
         signal.signal(self.signum, self._note)
 
     def _note(self, signum, frame):
         self.pending = (signum, frame)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:  # a micro-batch of gradient accumulation: not a whole step yet
+            return
+        self.step = trainer.global_step  # the same on every rank: they step together
         hit = self.pending is not None
         if trainer.world_size > 1:
             hit = trainer.strategy.reduce_boolean_decision(hit, all=False)
@@ -245,14 +250,23 @@ class SaveOnPreemption(L.Callback):
             return
         if self.divergence.diverged_at is None and self.divergence.bad_steps == 0:  # never non-finite weights
             trainer.save_checkpoint(self.last)
-        self.on_train_end(trainer, pl_module)
-        noted, self.pending = self.pending, None
-        if noted is not None and callable(self.previous):
-            self.previous(*noted)  # submitit: requeue this job and exit (rank 0), or nothing (other ranks)
+        self._hand_back()
 
     def on_train_end(self, trainer, pl_module):
-        if self.previous is not None:
-            signal.signal(self.signum, self.previous)
+        self._hand_back()  # a signal noted after the last step: submitit still requeues (the run then completes)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._hand_back()
+
+    def _hand_back(self) -> None:
+        """Give the signal back to its previous handler, and pass it a signal noted and not yet acted on."""
+        if self.previous is None:
+            return
+        previous, self.previous = self.previous, None
+        signal.signal(self.signum, previous)
+        noted, self.pending = self.pending, None
+        if noted is not None and callable(previous):
+            previous(*noted)  # submitit: requeue this job and exit (rank 0), or nothing (other ranks)
 
 
 # --------------------------------------------------------------------------- writing checkpoints

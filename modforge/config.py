@@ -178,15 +178,15 @@ def _check_root(line: str, head: str, sub: str, values: list) -> None:
 
 def check_root_value(key: str, v: Any, line: str = "") -> None:
     allowed = ROOT_KEYS[key]
+    if key == "matmul_precision" and v is not None and v not in PRECISIONS:
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: matmul_precision must be one of {', '.join(PRECISIONS)} "
+                                   f"(torch.set_float32_matmul_precision), or null (high on CUDA: TF32; else highest)."
+                                   + registry.suggest(str(v), list(PRECISIONS)))
     if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
         want = " or ".join(_TYPE_WORDS[t] for t in allowed)
         raise registry.ConfigError(f"{line or f'{key}={v}'}: {key} must be {want}, not {v!r}")
     if key == "seed" and not 0 <= v < 2 ** 32:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
-    if key == "matmul_precision" and v is not None and v not in PRECISIONS:
-        raise registry.ConfigError(f"{line or f'{key}={v}'}: matmul_precision must be one of {', '.join(PRECISIONS)} "
-                                   f"(torch.set_float32_matmul_precision), or null (high on CUDA: TF32; else highest)."
-                                   + registry.suggest(v, list(PRECISIONS)))
     if key == "divergence_patience" and v is not None and v < 1:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: divergence_patience must be >= 1 (training batches in a row), "
                                    "or null (never stop)")

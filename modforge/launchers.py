@@ -13,7 +13,7 @@
 * ``hydra/launcher=slurm`` is hydra-submitit-launcher's with modforge's settings
   (``conf/hydra/launcher/slurm.yaml``): no code here.
 """
-import json
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from modforge.io import read_json
 from modforge.registry import ConfigError
 from modforge.slots import SlotError, cpu_threads, devices_needed, pool_devices, schedule
 
@@ -64,6 +65,42 @@ def hydra_value(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def slot_count(launcher_cfg: Any) -> Optional[int]:
+    """How many devices ``hydra/launcher=gpus`` hands out (None for any other launcher); a bad
+    ``hydra.launcher.devices`` is one line."""
+    if not str(launcher_cfg.get("_target_", "")).endswith("GpuSlotLauncher"):
+        return None
+    from omegaconf import OmegaConf
+
+    setting = launcher_cfg.get("devices")
+    if OmegaConf.is_config(setting):
+        setting = OmegaConf.to_container(setting, resolve=True)
+    try:
+        return len(pool_devices(setting, count=_cuda_count))
+    except SlotError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_slots(devices: Any, pool_size: int) -> int:
+    """The devices a job takes under ``hydra/launcher=gpus``, or one line when it cannot be placed."""
+    try:
+        need = devices_needed(devices, pool_size)
+    except SlotError as e:
+        raise ConfigError(str(e)) from None
+    if not 1 <= need <= pool_size:
+        raise ConfigError(f"trainer.devices={devices}: the launcher has {pool_size} devices; give between 1 and "
+                          f"{pool_size}, or more devices (hydra.launcher.devices)")
+    return need
+
+
+ELSEWHERE = ("slurm", "submitit_slurm", "ray")  # launchers whose jobs run on other machines
+
+
+def runs_elsewhere(argv: Sequence[str]) -> bool:
+    """Whether the command's launcher runs its jobs on other machines (whose devices this one cannot check)."""
+    return any(a.lstrip("+~").partition("=")[::2] in [("hydra/launcher", o) for o in ELSEWHERE] for a in argv)
+
+
 def check_launcher_installed(argv: Sequence[str]) -> None:
     """One line naming the extra to install when ``hydra/launcher=X`` needs a package that is missing."""
     import importlib.util
@@ -96,39 +133,42 @@ class GpuSlotLauncher:
         setting = self.devices_setting
         if OmegaConf.is_config(setting):
             setting = OmegaConf.to_container(setting, resolve=True)
-        jobs: list = []
         try:
             devices = pool_devices(setting, count=_cuda_count)
-            for i, overrides in enumerate(job_overrides):
-                num = initial_job_idx + i
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-                with open_dict(cfg):
-                    cfg.hydra.job.num = num
-                    cfg.hydra.job.id = f"job_{num}"
-                try:
-                    need = devices_needed(cfg.trainer.get("devices", 1), len(devices))
-                except SlotError as e:
-                    raise SlotError(f"job #{num}: {e}") from None
-                jobs.append(_Job(num, list(overrides), Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir),
-                                 need, str(cfg.trainer.get("accelerator", "auto")), cfg))
-            for j, label in zip(jobs, labels([j.overrides for j in jobs])):
-                j.label = label
-            ended = schedule([j.need for j in jobs], devices,
-                             lambda i, got: jobs[i].start(got, self.command(jobs[i]), len(devices)), self._wait)
         except SlotError as e:
             raise ConfigError(str(e)) from None
-        except BaseException:
-            for j in jobs:  # Ctrl-C or SIGTERM: the running jobs are asked to stop (they record "interrupted")
-                j.stop()
-            raise
+        jobs: list = []
+        for i, overrides in enumerate(job_overrides):
+            num = initial_job_idx + i
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.num = num
+                cfg.hydra.job.id = f"job_{num}"
+            try:
+                need = check_slots(cfg.trainer.get("devices", 1), len(devices))
+            except ConfigError as e:
+                raise ConfigError(f"job #{num}: {e}") from None
+            jobs.append(_Job(num, list(overrides), Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir),
+                             need, str(cfg.trainer.get("accelerator", "auto")), cfg))
+        for j, label in zip(jobs, labels([j.overrides for j in jobs])):
+            j.label = label
+        with _interrupt_on_sigterm():
+            try:
+                schedule([j.need for j in jobs], devices,
+                         lambda i, got: jobs[i].start(got, self.command(jobs[i]), len(devices)), self._wait)
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM to this process: every running job stops, recorded
+                stopped = _stop_all([j for j in jobs if j.running()])
+                print(f"[modforge] interrupted: {stopped} running jobs stopped (each records 'interrupted'); "
+                      f"resume with: python -m modforge.train -m resume={self.config.hydra.sweep.dir}",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(130) from None
         returns = []
-        for p in sorted(ended, key=lambda p: p.job):
-            job = jobs[p.job]
-            metrics = _read_json(job.dir / "metrics.json")
-            status = JobStatus.COMPLETED if job.process.returncode == 0 else JobStatus.FAILED
+        for job in jobs:
+            metrics = read_json(job.dir / "metrics.json") or {}
+            status = JobStatus.COMPLETED if job.returncode == 0 else JobStatus.FAILED
             loss = (metrics.get("val") or {}).get("val/loss")
             value = loss if status == JobStatus.COMPLETED else RuntimeError(
-                f"job #{job.num} exited with {job.process.returncode}")
+                f"job #{job.num} exited with {job.returncode}")
             returns.append(JobReturn(overrides=job.overrides, cfg=job.cfg, hydra_cfg=job.cfg, working_dir=str(job.dir),
                                      task_name="train", status=status, _return_value=value))
         return returns
@@ -154,35 +194,66 @@ class GpuSlotLauncher:
             time.sleep(self.poll_seconds)
 
 
+# what a job's process must not inherit from the sweep's: another launch's DDP rendezvous and rank variables
+_NOT_INHERITED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                  "LOCAL_WORLD_SIZE")
+_NOT_INHERITED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_")
+
+
+def job_env(base: dict, devices: list, accelerator: str, pool_size: int) -> dict:
+    """A job's environment: the sweep's, without rank and rendezvous variables (so that Lightning starts its own
+    DDP ranks on a free port), with ``CUDA_VISIBLE_DEVICES`` = its devices, and for a CPU job one slot's share of
+    the cores per process (unless ``OMP_NUM_THREADS`` is set)."""
+    env = {k: v for k, v in base.items() if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
+    env.update(CUDA_VISIBLE_DEVICES=",".join(devices), PYTHONUNBUFFERED="1")
+    if accelerator == "cpu" and "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = str(cpu_threads(pool_size))
+    return env
+
+
 class _Job:
     def __init__(self, num: int, overrides: list, d: Path, need: int, accelerator: str, cfg: Any):
         self.num, self.overrides, self.dir, self.need, self.accelerator, self.cfg = num, overrides, d, need, \
             accelerator, cfg
         self.process: Optional[subprocess.Popen] = None
+        self.returncode: Optional[int] = None
         self.started = 0.0
         self.devices: list = []
         self.label = " ".join(overrides) or "(defaults)"
 
     def start(self, devices: list, command: list, pool_size: int) -> "_Job":
-        self.dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(devices), PYTHONUNBUFFERED="1")
-        if self.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            env["OMP_NUM_THREADS"] = str(cpu_threads(self.need, pool_size))
         self.devices, self.started = devices, time.time()
-        with open(self.dir / "console.log", "ab") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / "console.log", "ab") as log:  # its own session: signalled as one process group
+                self.process = subprocess.Popen(command, env=job_env(dict(os.environ), devices, self.accelerator,
+                                                                     pool_size),
+                                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True)
+        except OSError as e:  # this job fails; the others go on
+            self.returncode = 1
+            self._record_failure(f"the job could not be started: {type(e).__name__}: {e}")
+            print(f"[modforge] #{self.num} could not be started: {e}", file=sys.stderr, flush=True)
+            return self
         print(f"[modforge] #{self.num} started on device {','.join(devices)}: {self.label}\n"
               f"       log: {self.dir / 'console.log'}", flush=True)
         return self
 
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def poll(self) -> Optional[int]:
-        return self.process.poll() if self.process is not None else 0
+        if self.process is not None and self.returncode is None:
+            self.returncode = self.process.poll()
+        return self.returncode
 
     def finish(self) -> None:
-        m = _read_json(self.dir / "metrics.json")
-        s = _read_json(self.dir / "status.json")
-        rc = self.process.returncode
+        m = read_json(self.dir / "metrics.json") or {}
+        s = read_json(self.dir / "status.json") or {}
+        rc = self.returncode
+        if rc is not None and rc > 0 and not s and not m:  # failed before it could record why (its own pre-flight)
+            self._record_failure(self._last_line() or f"exit {rc}")
+            s = read_json(self.dir / "status.json") or {}
         took = f"{time.time() - self.started:.0f} s"
         if rc == 0 and m:
             loss = (m.get("val") or {}).get("val/loss")
@@ -194,16 +265,55 @@ class _Job:
             what = f"{s.get('status', 'failed')}: {why}"
         print(f"[modforge] #{self.num} ended after {took} on device {','.join(self.devices)}: {what}", flush=True)
 
-    def stop(self, grace: float = 60.0) -> None:
-        p = self.process
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGINT)
+    def _last_line(self) -> str:
         try:
-            p.wait(grace)
+            lines = [x for x in (self.dir / "console.log").read_text(errors="replace").splitlines() if x.strip()]
+        except OSError:
+            return ""
+        return lines[-1].strip() if lines else ""
+
+    def _record_failure(self, error: str) -> None:
+        from modforge.io import write_json
+
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_json(self.dir / "status.json", {"status": "failed", "error": error})
+        except OSError:
+            pass
+
+
+def _stop_all(jobs: list, grace: float = 60.0) -> int:
+    """Ask every job's process group (a DDP job's ranks too) to stop, as Ctrl-C would, at once; after ``grace``
+    seconds kill what is left. Returns how many were running."""
+    for j in jobs:
+        with contextlib.suppress(OSError):
+            os.killpg(j.process.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for j in jobs:
+        try:
+            j.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            with contextlib.suppress(OSError):
+                os.killpg(j.process.pid, signal.SIGKILL)
+            j.process.wait()
+    return len(jobs)
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm():
+    """SIGTERM to the sweep (a scheduler stopping it) is handled as Ctrl-C: its jobs are stopped, not orphaned."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread: nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def labels(job_overrides: Sequence[Sequence[str]]) -> list:
@@ -220,13 +330,6 @@ def _cuda_count() -> int:
         return torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no usable torch CUDA: no GPUs
         return 0
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 class RayJobsLauncher:
@@ -261,8 +364,10 @@ class RayJobsLauncher:
                 cfg.hydra.job.id = f"job_id_for_{num}"
                 cfg.hydra.job.num = num
             remote = OmegaConf.to_container(self.ray_cfg.remote, resolve=True) or {}
-            remote["num_gpus"] = ray_gpus(cfg.trainer.get("accelerator", "auto"), cfg.trainer.get("devices", 1))
-            print(f"[modforge] #{num} to Ray ({remote['num_gpus']} GPUs): {label}", flush=True)
+            trainer = cfg.get("trainer")
+            if trainer is not None:  # a modforge run (another Hydra app keeps ray.remote as given)
+                remote["num_gpus"] = ray_gpus(trainer.get("accelerator", "auto"), trainer.get("devices", 1))
+            print(f"[modforge] #{num} to Ray ({remote.get('num_gpus', 0)} GPUs): {label}", flush=True)
             runs.append((num, overrides, cfg, launch_job_on_ray(self.hydra_context, OmegaConf.create(remote), cfg,
                                                                 self.task_function, Singleton.get_state())))
         out = []
@@ -279,29 +384,40 @@ class RayJobsLauncher:
         return out
 
 
+def cluster_devices(devices: Any, launcher: str) -> int:
+    """``trainer.devices`` as the count a cluster job asks for: a number >= 1 (the job runs elsewhere, so "auto"
+    cannot be resolved here)."""
+    try:
+        n = devices_needed(devices, 0)
+    except SlotError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"trainer.devices={devices}: under hydra/launcher={launcher} give a number of devices "
+                          f"per job, e.g. trainer.devices=1 (the job runs elsewhere: 'auto' cannot be resolved here)")
+    return n
+
+
 def ray_gpus(accelerator: Any, devices: Any) -> int:
-    """A job's ``num_gpus`` for Ray: its ``trainer.devices`` when it trains on GPUs, else 0."""
+    """A job's ``num_gpus`` for Ray: 1 for a GPU job (0 otherwise). A job of several devices is refused: its
+    DDP ranks would be started from the Ray worker's command line, which is not this job's."""
     if str(accelerator) not in ("gpu", "cuda"):
         return 0
-    try:
-        return devices_needed(devices, 1 if devices in ("auto", -1, "-1") else int(devices))
-    except (SlotError, TypeError, ValueError):
-        raise ConfigError(f"trainer.devices={devices}: under hydra/launcher=ray give a number of GPUs") from None
+    n = cluster_devices(devices, "ray")
+    if n > 1:
+        raise ConfigError(f"trainer.devices={devices}: a Ray job trains on one device; run DDP jobs with "
+                          "hydra/launcher=gpus (one node) or hydra/launcher=slurm")
+    return n
 
 
 def job_gpus(accelerator: Any, devices: Any) -> int:
-    """``${modforge_gpus:${trainer.accelerator},${trainer.devices}}``: the GPUs per node a cluster job asks for."""
-    return ray_gpus(accelerator, devices)
+    """``${modforge_gpus:${trainer.accelerator},${trainer.devices}}``: the GPUs per node a SLURM job asks for."""
+    return cluster_devices(devices, "slurm") if str(accelerator) in ("gpu", "cuda") else 0
 
 
 def job_tasks(devices: Any) -> int:
     """``${modforge_tasks:${trainer.devices}}``: SLURM tasks per node, one per device (each task one DDP rank,
     started by srun: Lightning's SLURM environment then starts no processes of its own)."""
-    try:
-        return devices_needed(devices, 0)
-    except SlotError:
-        raise ConfigError(f"trainer.devices={devices}: under hydra/launcher=slurm give a number of devices per "
-                          "node (SLURM starts one task per device)") from None
+    return cluster_devices(devices, "slurm")
 
 
 def register_resolvers() -> None:

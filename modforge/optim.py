@@ -66,9 +66,10 @@ def _groups(params, weight_decay: float, everything: bool):
 @register("optim", "adam", config=AdamConfig)
 def adam(cfg: AdamConfig, params) -> torch.optim.Optimizer:
     """Adam (Kingma & Ba 2015), the paper's optimizer"""
-    params = [p for p in params if p.requires_grad]
+    params = list(params)
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
-                            fused=fused_optimizer(cfg.fused, params))
+                            fused=fused_optimizer(cfg.fused, tensors))
 
 
 @register("optim", "adamw", config=AdamWConfig)

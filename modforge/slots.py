@@ -106,15 +106,18 @@ def pool_devices(setting: Any, visible: Optional[str] = None, count: Optional[Ca
         if not devices:
             raise SlotError("hydra.launcher.devices=[]: give at least one device")
         return devices
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    seen = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
     if isinstance(setting, int) and not isinstance(setting, bool):
         if setting < 1:
             raise SlotError(f"hydra.launcher.devices={setting}: give a positive number of devices, or a list")
-        return [str(i) for i in range(setting)]
+        if seen and setting > len(seen):
+            raise SlotError(f"hydra.launcher.devices={setting}: CUDA_VISIBLE_DEVICES={visible} shows {len(seen)}")
+        return seen[:setting] if seen else [str(i) for i in range(setting)]  # the first N this process sees
     if setting is not None:
         raise SlotError(f"hydra.launcher.devices={setting}: a list of device ids, a number, or null (the visible GPUs)")
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    if visible is not None and visible.strip():
-        return [d.strip() for d in visible.split(",") if d.strip()]
+    if seen:
+        return seen
     n = count() if count is not None else 0
     if n < 1:
         raise SlotError("hydra/launcher=gpus: no GPU is visible here; give hydra.launcher.devices=N to run N jobs "
@@ -122,8 +125,8 @@ def pool_devices(setting: Any, visible: Optional[str] = None, count: Optional[Ca
     return [str(i) for i in range(n)]
 
 
-def cpu_threads(job_devices: int, pool_size: int, cores: Optional[int] = None) -> int:
-    """Threads for a CPU job holding ``job_devices`` of ``pool_size`` slots: its share of the cores (at least 1),
-    so that jobs running side by side do not oversubscribe the machine."""
+def cpu_threads(pool_size: int, cores: Optional[int] = None) -> int:
+    """Threads for each process of a CPU job (a DDP job's ranks are one process per slot): one slot's share of
+    the cores (at least 1), so that jobs running side by side do not oversubscribe the machine."""
     cores = cores or os.cpu_count() or 1
-    return max(1, cores * job_devices // pool_size)
+    return max(1, cores // pool_size)

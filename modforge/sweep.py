@@ -175,8 +175,12 @@ class PlannedSweeper(Sweeper):
     def launch(self, block: list) -> list:
         """Launch one block of consecutive jobs; a launcher that breaks ends only that block: jobs it never
         started are launched again (once); those it left half-done are reported as interrupted."""
+        from modforge.registry import ModforgeError
+
         try:
             return list(self.launcher.launch([p.overrides for p in block], initial_job_idx=block[0].num))
+        except ModforgeError:
+            raise  # a launcher's setting or a job it cannot place: one line, not a broken launcher
         except Exception as e:  # noqa: BLE001 - e.g. joblib's TerminatedWorkerError when a worker is killed
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             print(f"[modforge] the launcher stopped: {type(e).__name__}: {first}", file=sys.stderr)

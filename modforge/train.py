@@ -12,6 +12,7 @@ import sys
 import time
 
 _IMPORTED = time.perf_counter()  # `python -m modforge.train` imports this module first: the command's clock
+_STARTED = time.time()
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,18 +25,19 @@ from modforge.cli import one_line_errors
 from modforge.output import quiet, say
 from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
                              check_root_value, check_trainer_key, to_plain)
-from modforge.launchers import _HYDRA_VALUE_FLAGS, hydra_value, job_argv
+from modforge.launchers import _HYDRA_VALUE_FLAGS, check_slots, hydra_value, job_argv, runs_elsewhere, slot_count
 from modforge.runs import RESUME_FREE_KEYS, RunDirTaken
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, here: bool = True) -> None:
     """Everything that can be checked before any work: every component group resolved to its typed config
-    (values in range), task, model and data fitting together, the root keys' types, the Trainer's values."""
+    (values in range), task, model and data fitting together, the root keys' types, the Trainer's values
+    (with ``here=False``, for jobs a cluster runs elsewhere, not those that depend on this machine's devices)."""
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
     check_callbacks(cfg.get("callbacks"))
     check_loggers(cfg.get("logger"))
-    check_trainer_values(cfg.trainer)
+    check_trainer_values(cfg.trainer, here)
     for key in ROOT_KEYS:
         check_root_value(key, cfg.get(key))
     for kind in registry.kinds():  # nested kinds (ffn.activation, data.tokenizer): their names, now
@@ -65,8 +67,9 @@ def validate(cfg: DictConfig) -> None:
         check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")
 
 
-def check_trainer_values(t: Any) -> None:
-    """The Trainer values that Lightning or torch would only reject after data preparation, or never."""
+def check_trainer_values(t: Any, here: bool = True) -> None:
+    """The Trainer values that Lightning or torch would only reject after data preparation, or never; with
+    ``here=False`` not those that depend on this machine's devices (a login node has no GPU)."""
     def bad(key: str, why: str) -> None:
         raise registry.ConfigError(f"trainer.{key}={t.get(key)}: {why}")
 
@@ -91,6 +94,8 @@ def check_trainer_values(t: Any) -> None:
     clip = t.get("gradient_clip_val")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
         bad("gradient_clip_val", "a number >= 0 (or null: no clipping)")
+    if not here:
+        return
     acc = str(t.get("accelerator") or "auto")
     if acc in ("gpu", "cuda"):
         import torch
@@ -223,7 +228,8 @@ def launched_rank(env: Optional[dict] = None) -> tuple:
     changes when the job is requeued or restarted, so a rank never follows an earlier attempt's decision."""
     env = os.environ if env is None else env
     if int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in env:
-        return int(env["SLURM_PROCID"]), f"slurm-{env.get('SLURM_JOB_ID')}-{env.get('SLURM_RESTART_COUNT', '0')}"
+        return int(env["SLURM_PROCID"]), (f"slurm-{env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID', '0')}-"
+                                          f"{env.get('SLURM_RESTART_COUNT', '0')}")
     if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", "1") or 1) > 1:
         return int(env.get("RANK", "0")), (f"torchrun-{env['TORCHELASTIC_RUN_ID']}-"
                                           f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
@@ -236,8 +242,10 @@ def rank0_decision(out_dir: Path, timeout: float = 900.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            decided = json.loads((out_dir / DECISION).read_text())
-            if decided.get("launch") == launch:
+            path = out_dir / DECISION
+            decided = json.loads(path.read_text())
+            # this launch's, and written since this process started (a launch id can repeat: torchrun's "none")
+            if decided.get("launch") == launch and path.stat().st_mtime >= _STARTED - 60:
                 return decided
         except (OSError, ValueError):
             pass
@@ -276,9 +284,25 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     follower = (os.environ.get("LOCAL_RANK", "0") != "0" and FOLLOW_ENV in os.environ) or rank > 0
     try:
         with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
-            return _run_locked(cfg, out_dir, t_start, resume, follower)
+            if launch is not None and not follower:
+                with contextlib.suppress(FileNotFoundError):
+                    (out_dir / DECISION).unlink()  # an earlier launch's: never followed
+            try:
+                return _run_locked(cfg, out_dir, t_start, resume, follower)
+            except BaseException as e:
+                if launch is not None and not follower and not (out_dir / DECISION).exists():
+                    announce(out_dir, {"error": (f"{type(e).__name__}: {e}".splitlines() or [""])[0]})
+                raise
     finally:
         _leave_process_group()
+
+
+def announce(out_dir: Path, decision: dict) -> None:
+    """Rank 0's decision (or why it stopped), for the ranks srun or torchrun started beside it."""
+    from modforge.io import write_json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / DECISION, {"launch": launched_rank()[1], **decision})
 
 
 def _leave_process_group() -> None:
@@ -310,6 +334,10 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     in_place = False
     if follower:
         decided = json.loads(os.environ[FOLLOW_ENV]) if FOLLOW_ENV in os.environ else rank0_decision(out_dir)
+        if "error" in decided:
+            raise RuntimeError(f"rank 0 stopped before training: {decided['error']}")
+        if decided.get("done"):
+            return {}
         resume, in_place = decided["resume"], decided["in_place"]
     else:
         state = read_state(out_dir)
@@ -328,6 +356,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
                 raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff)})"
                                   "; choose an empty hydra.run.dir (or hydra.sweep.dir)")
             if state.status in FINAL:
+                if launched_rank()[1] is not None:
+                    announce(out_dir, {"done": True})
                 say(f"[modforge] {out_dir} holds this run, {state.status} already: nothing to do "
                     "(delete the directory to train it again)")
                 return state.metrics
@@ -335,6 +365,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
                 resume, in_place = str(state.checkpoint), True
             else:
                 clear_records(out_dir)  # interrupted before its first checkpoint: from step 0
+    if launched_rank()[1] is not None and not follower:  # ranks started beside this one wait for it
+        announce(out_dir, {"resume": resume, "in_place": in_place})
     tokenizer = None
     ckpt_step = 0
     if resume:
@@ -401,8 +433,6 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
 
     # DDP ranks (Lightning starts them at the first validate or fit) follow this process's decision
     os.environ[FOLLOW_ENV] = json.dumps({"resume": resume, "in_place": in_place})
-    if launched_rank()[1] is not None and not follower:  # ranks started beside this one wait for it
-        write_json(out_dir / DECISION, {"launch": launched_rank()[1], "resume": resume, "in_place": in_place})
     try:
         if cfg.eval_at_start and not resume:
             record.val_loss_at_start = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get(
@@ -639,6 +669,7 @@ def preflight(argv: list, multirun: bool) -> int:
     from modforge.launchers import check_launcher_installed
 
     check_launcher_installed(argv)  # hydra/launcher=slurm without its extra: one line naming the extra
+    elsewhere = multirun and runs_elsewhere(argv)  # its jobs' devices are checked where they run
     words, rest = [], iter(argv)
     for a in rest:
         if a in _HYDRA_VALUE_FLAGS:
@@ -654,7 +685,7 @@ def preflight(argv: list, multirun: bool) -> int:
     with hydra_loader() as loader:
         check_overrides(argv, loader)
         jobs = job_overrides(argv, multirun, loader)
-        bad = []
+        bad, slots = [], None
         for i, job in enumerate(jobs):
             try:
                 cfg = compose_job(job, hydra=(i == 0))
@@ -664,8 +695,11 @@ def preflight(argv: list, multirun: bool) -> int:
             if i == 0:  # the run (or sweep) directory is the command's, not a job's: it fails at once
                 key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
                 check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
+                slots = slot_count(cfg.hydra.launcher) if multirun else None  # hydra/launcher=gpus: its devices
             try:
-                validate(cfg)
+                if slots is not None:
+                    check_slots(cfg.trainer.get("devices", 1), slots)
+                validate(cfg, here=not elsewhere)
                 resume = resume_path(cfg.get("resume"))
                 if resume:
                     resumed_config(cfg, resume, user_override_keys(job), finished_ok=unrecorded(resume))
@@ -758,13 +792,14 @@ def main(argv: Optional[list] = None) -> None:
             load_all()
             manifest.write()  # for the next --help / Tab
         relaunched_rank = os.environ.get("LOCAL_RANK", "0") != "0"  # a DDP rank Lightning started: rank 0 checked
-        if launched_rank()[1] is not None and not multirun and not info and \
-                not any(a.split("=", 1)[0] == "hydra.run.dir" or a.startswith("resume=") for a in argv):
-            raise registry.ConfigError("this process is one of several DDP ranks started by srun or torchrun: give "
-                                       "hydra.run.dir=<dir> (every rank must train in the same directory)")
         if not relaunched_rank and not info:
             argv = continue_where_recorded(argv, multirun)
             multirun = any(a in ("-m", "--multirun") for a in argv)
+        if launched_rank()[1] is not None and not multirun and not info and \
+                not any(a.split("=", 1)[0] == "hydra.run.dir" for a in argv):
+            raise registry.ConfigError("this process is one of several DDP ranks started by srun or torchrun: give "
+                                       "hydra.run.dir=<dir> (every rank must train in the same directory)")
+        if not relaunched_rank and not info:
             preflight(argv, multirun)
             if not multirun and _flag(argv, "dry_run"):
                 from modforge.config import compose_job

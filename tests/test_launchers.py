@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from modforge.devices import accelerator_of, fused_optimizer, matmul_precision
-from modforge.launchers import check_launcher_installed, job_tasks, labels, ray_gpus
+from modforge.launchers import check_launcher_installed, job_env, job_gpus, job_tasks, labels, ray_gpus
 from modforge.registry import ConfigError
 from modforge.slots import SlotError, SlotPool, cpu_threads, devices_needed, pool_devices, schedule
 
@@ -97,14 +97,21 @@ def test_devices_of_the_pool_and_of_a_job():
     assert devices_needed(2, 4) == 2 and devices_needed("auto", 4) == 4 and devices_needed(-1, 3) == 3
     with pytest.raises(SlotError, match=r"trainer.devices=\[0, 1\]: under hydra/launcher=gpus give a number"):
         devices_needed([0, 1], 4)
-    assert cpu_threads(1, 2, cores=16) == 8 and cpu_threads(1, 4, cores=2) == 1
+    assert pool_devices(2, visible="5,6,7") == ["5", "6"]  # the first N of the GPUs this process sees
+    assert cpu_threads(2, cores=16) == 8 and cpu_threads(4, cores=2) == 1
+    env = job_env({"PATH": "/bin", "MASTER_PORT": "1", "SLURM_PROCID": "0", "LOCAL_RANK": "0"}, ["3", "4"], "cpu", 4)
+    assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3,4", "PYTHONUNBUFFERED": "1",
+                   "OMP_NUM_THREADS": str(cpu_threads(4))}
 
 
 def test_cluster_resources_from_the_trainer_settings():
-    assert ray_gpus("gpu", 2) == 2 and ray_gpus("cpu", 2) == 0 and ray_gpus("auto", 1) == 0
-    assert job_tasks(4) == 4
-    with pytest.raises(ConfigError, match=r"trainer.devices=\[0\]: under hydra/launcher=slurm"):
-        job_tasks([0])
+    assert ray_gpus("gpu", 1) == 1 and ray_gpus("cpu", 2) == 0 and ray_gpus("auto", 1) == 0
+    with pytest.raises(ConfigError, match="a Ray job trains on one device"):
+        ray_gpus("gpu", 2)
+    assert job_tasks(4) == 4 and job_gpus("gpu", 2) == 2 and job_gpus("cpu", 2) == 0
+    for bad in ([0], "auto", -1, 0):  # the job runs elsewhere: 'auto' cannot be resolved where it is submitted
+        with pytest.raises(ConfigError, match=r"under hydra/launcher=slurm give a number of devices per job"):
+            job_tasks(bad)
     assert labels([["a=1", "b=2"], ["a=1", "b=3"]]) == ["b=2", "b=3"] and labels([["a=1"]]) == ["a=1"]
 
 
@@ -156,7 +163,7 @@ def test_launched_rank_of_srun_and_torchrun_tasks():
     assert launched_rank({}) == (0, None)
     assert launched_rank({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == (0, None)  # one task: Lightning's ranks
     assert launched_rank({"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_JOB_ID": "7",
-                          "SLURM_RESTART_COUNT": "2"}) == (1, "slurm-7-2")
+                          "SLURM_RESTART_COUNT": "2"}) == (1, "slurm-7.0-2")
     assert launched_rank({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "RANK": "1"}) == (1, "torchrun-x-0")
 
 
@@ -249,5 +256,5 @@ def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["devices"]["world_size"] == 2 and m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
-    assert json.loads((run_dir / ".rank0.json").read_text())["launch"] == "slurm-4242-0"
+    assert json.loads((run_dir / ".rank0.json").read_text())["launch"] == "slurm-4242.0-0"
     assert (run_dir / ".preempted-at-2").exists() and m["status"] == "finished"
