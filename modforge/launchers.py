@@ -62,7 +62,8 @@ def hydra_value(value: str) -> str:
 
     if re.fullmatch(r"[A-Za-z0-9_./@%+:-]+", value):
         return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    # in a quoted value Hydra reads a backslash as an escape only before a quote or at the end: only those double
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
 def slot_count(launcher_cfg: Any) -> Optional[int]:

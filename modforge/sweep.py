@@ -222,11 +222,11 @@ def print_plan(plan: list, sweep_dir: Path, dry: bool) -> None:
     n_run = sum(p.runs for p in plan)
     head = "dry run, nothing is trained" if dry else f"{n_run} to run"
     print(f"[modforge] sweep {sweep_dir}: {len(plan)} jobs ({head})")
-    shared = set.intersection(*(set(p.overrides) for p in plan)) if len(plan) > 1 else set()
-    for p in plan:
+    from modforge.launchers import labels
+
+    for p, mine in zip(plan, labels([p.overrides for p in plan])):
         what = WHAT[p.action] + (f" ({p.why})" if p.why and p.action != "invalid" else "")
         where = p.dir if p.dir is not None else p.why
-        mine = " ".join(o for o in p.overrides if o not in shared) or "(defaults)"
         print(f"  #{p.num:<3} {mine:<40} {what}\n       {where}")
 
 

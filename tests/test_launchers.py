@@ -258,3 +258,13 @@ def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
     assert m["devices"]["world_size"] == 2 and m["steps"] == 4 and m["tokens_seen"] == 2 * 4 * 12 * 64
     assert json.loads((run_dir / ".rank0.json").read_text())["launch"] == "slurm-4242.0-0"
     assert (run_dir / ".preempted-at-2").exists() and m["status"] == "finished"
+
+
+@pytest.mark.parametrize("value", ["/tmp/back\\slash", "it's", "end\\", "q\\'x", "a b,c=d", "/plain/path"])
+def test_a_directory_given_to_a_job_reads_back_as_itself(value):
+    """hydra_value quotes a path for a job's command line (hydra.run.dir=...): Hydra's parser gives it back."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from modforge.launchers import hydra_value
+
+    assert OverridesParser.create().parse_override("hydra.run.dir=" + hydra_value(value)).value() == value

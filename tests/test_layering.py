@@ -25,7 +25,7 @@ FLOORS = {
     "modforge.train": 6, "modforge.generate": 6, "modforge.list": 6, "modforge.report": 6, "modforge.export": 6, "modforge.frontdoor": 6, "modforge": 6,
 }
 NO_LIGHTNING_OR_HYDRA = ("modforge.io", "modforge.stats", "modforge.plots", "modforge.report", "modforge.components",
-                         "modforge.models", "modforge.decoding")
+                         "modforge.models", "modforge.decoding", "modforge.slots", "modforge.devices")
 
 
 def module_name(path: Path) -> str:
@@ -90,6 +90,10 @@ def test_imports_go_only_down(module):
 
 def test_the_registry_imports_nothing_of_modforge():
     assert GRAPH["modforge.registry"] == set()
+
+
+def test_the_slot_allocator_is_plain_python():
+    assert not {i.split(".")[0] for i in imports_of(MODULES["modforge.slots"])} - {"os", "dataclasses", "typing"}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(NO_LIGHTNING_OR_HYDRA)))
