@@ -11,9 +11,11 @@
 * ``hydra/launcher=ray``: each job a Ray task (hydra-ray-launcher's machinery)
   asking for ``num_gpus`` = its ``trainer.devices`` when it trains on GPUs.
 * ``hydra/launcher=slurm`` is hydra-submitit-launcher's with modforge's settings
-  (``conf/hydra/launcher/slurm.yaml``): no code here.
+  (``conf/hydra/launcher/slurm.yaml``); the DDP ranks srun (or torchrun) starts
+  beside rank 0 follow its resume decision, written to ``.rank0.json``.
 """
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -22,9 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from modforge.io import read_json
+from modforge.io import read_json, write_json
 from modforge.registry import ConfigError
 from modforge.slots import SlotError, cpu_threads, devices_needed, pool_devices, schedule
+
+_STARTED = time.time()  # this process's start (imported early): a rank follows no decision written before it
 
 # hydra/launcher options that need an extra installed: option -> (module it needs, extra)
 EXTRAS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
@@ -315,6 +319,48 @@ def _interrupt_on_sigterm():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# --------------------------------------------------------------------------- DDP ranks started by srun or torchrun
+
+DECISION = ".rank0.json"  # rank 0's resume decision, for ranks started beside it (srun, torchrun)
+
+
+def launched_rank(env: Optional[dict] = None) -> tuple:
+    """(global rank, launch id) of a process that srun (one SLURM task per rank) or torchrun started as one of
+    several DDP ranks; (0, None) for anything else (Lightning starts the other ranks itself). The launch id
+    changes when the job is requeued or restarted, so a rank never follows an earlier attempt's decision."""
+    env = os.environ if env is None else env
+    if int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"]), (f"slurm-{env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID', '0')}-"
+                                          f"{env.get('SLURM_RESTART_COUNT', '0')}")
+    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", "1") or 1) > 1:
+        return int(env.get("RANK", "0")), (f"torchrun-{env['TORCHELASTIC_RUN_ID']}-"
+                                          f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    return 0, None
+
+
+def rank0_decision(out_dir: Path, timeout: float = 900.0) -> dict:
+    """Wait for rank 0 of this launch to write its decision (resume from where, in place or not) in ``out_dir``."""
+    launch = launched_rank()[1]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            path = out_dir / DECISION
+            decided = json.loads(path.read_text())
+            # this launch's, and written since this process started (a launch id can repeat: torchrun's "none")
+            if decided.get("launch") == launch and path.stat().st_mtime >= _STARTED - 60:
+                return decided
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"rank 0 of launch {launch} wrote no decision in {out_dir / DECISION} within {timeout:.0f} s")
+
+
+def announce(out_dir: Path, decision: dict) -> None:
+    """Rank 0's decision (or why it stopped), for the ranks srun or torchrun started beside it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / DECISION, {"launch": launched_rank()[1], **decision})
 
 
 def labels(job_overrides: Sequence[Sequence[str]]) -> list:

@@ -12,7 +12,6 @@ import sys
 import time
 
 _IMPORTED = time.perf_counter()  # `python -m modforge.train` imports this module first: the command's clock
-_STARTED = time.time()
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,7 +24,8 @@ from modforge.cli import one_line_errors
 from modforge.output import quiet, say
 from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
                              check_root_value, check_trainer_key, to_plain)
-from modforge.launchers import _HYDRA_VALUE_FLAGS, check_slots, hydra_value, job_argv, runs_elsewhere, slot_count
+from modforge.launchers import (_HYDRA_VALUE_FLAGS, DECISION, announce, check_slots, hydra_value, job_argv,
+                                launched_rank, rank0_decision, runs_elsewhere, slot_count)
 from modforge.runs import RESUME_FREE_KEYS, RunDirTaken
 
 
@@ -219,40 +219,6 @@ def check_trainer_keys(trainer_cfg: Any) -> None:
 FOLLOW_ENV = "MODFORGE_RESUMED_FROM"  # rank 0's resume decision, for the DDP ranks Lightning starts
 
 
-DECISION = ".rank0.json"  # rank 0's resume decision, for ranks started beside it (srun, torchrun)
-
-
-def launched_rank(env: Optional[dict] = None) -> tuple:
-    """(global rank, launch id) of a process that srun (one SLURM task per rank) or torchrun started as one of
-    several DDP ranks; (0, None) for anything else (Lightning starts the other ranks itself). The launch id
-    changes when the job is requeued or restarted, so a rank never follows an earlier attempt's decision."""
-    env = os.environ if env is None else env
-    if int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in env:
-        return int(env["SLURM_PROCID"]), (f"slurm-{env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID', '0')}-"
-                                          f"{env.get('SLURM_RESTART_COUNT', '0')}")
-    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", "1") or 1) > 1:
-        return int(env.get("RANK", "0")), (f"torchrun-{env['TORCHELASTIC_RUN_ID']}-"
-                                          f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
-    return 0, None
-
-
-def rank0_decision(out_dir: Path, timeout: float = 900.0) -> dict:
-    """Wait for rank 0 of this launch to write its decision (resume from where, in place or not) in ``out_dir``."""
-    launch = launched_rank()[1]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            path = out_dir / DECISION
-            decided = json.loads(path.read_text())
-            # this launch's, and written since this process started (a launch id can repeat: torchrun's "none")
-            if decided.get("launch") == launch and path.stat().st_mtime >= _STARTED - 60:
-                return decided
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"rank 0 of launch {launch} wrote no decision in {out_dir / DECISION} within {timeout:.0f} s")
-
-
 def unrecorded(ckpt: Any) -> bool:
     """Whether ``ckpt`` is the ``last.ckpt`` of a run that never wrote its final record (killed after its last
     checkpoint): resuming it only completes it, so a step count at its limit is no reason to refuse."""
@@ -295,14 +261,6 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                 raise
     finally:
         _leave_process_group()
-
-
-def announce(out_dir: Path, decision: dict) -> None:
-    """Rank 0's decision (or why it stopped), for the ranks srun or torchrun started beside it."""
-    from modforge.io import write_json
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / DECISION, {"launch": launched_rank()[1], **decision})
 
 
 def _leave_process_group() -> None:
