@@ -21,8 +21,9 @@ CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
 
 ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
              "divergence_patience": (int, type(None)), "compile": (bool,), "dry_run": (bool,), "skip_invalid": (bool,),
-             "retry_failed": (bool,), "matmul_precision": (str, type(None))}
-_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null"}
+             "retry_failed": (bool,), "matmul_precision": (str, type(None)), "eval_block_sizes": (list,)}
+_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null",
+               list: "a list of block sizes, e.g. [128]"}
 PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
                  "trainer": "lightning.Trainer settings (conf/trainer/)",
                  "callbacks": "optional Lightning callbacks and the progress display (conf/callbacks/); "
@@ -178,6 +179,12 @@ def _check_root(line: str, head: str, sub: str, values: list) -> None:
 
 def check_root_value(key: str, v: Any, line: str = "") -> None:
     allowed = ROOT_KEYS[key]
+    if OmegaConf.is_config(v):
+        v = OmegaConf.to_container(v)
+    if key == "eval_block_sizes" and isinstance(v, list) and not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v):
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: eval_block_sizes must be a list of positive integers "
+                                   "(sequence lengths to evaluate at after training), e.g. [128]")
     if key == "matmul_precision" and v is not None and v not in PRECISIONS:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: matmul_precision must be one of {', '.join(PRECISIONS)} "
                                    f"(torch.set_float32_matmul_precision), or null (high on CUDA: TF32; else highest)."
@@ -194,8 +201,9 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
 
 def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
     """The overrides of each job the command runs: itself, or each job of the sweep (its command-line
-    sweeps and the grid an experiment carries in ``hydra.sweeper.params``), expanded as Hydra's sweeper does."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    sweeps and the grid an experiment carries in ``hydra.sweeper.params``, crossed with each of its
+    ``hydra.sweeper.cells``), expanded as modforge's sweeper does."""
+    from modforge import sweep
 
     args = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
     if not multirun:
@@ -203,14 +211,15 @@ def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
     parsed = _parse(args, loader)
     fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
     cfg = compose_job(fixed, hydra=True)
-    grid = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
     try:
-        batches = BasicSweeper.split_arguments(_parse(grid + args, loader), None)
+        return sweep.expand_jobs(cfg.hydra.sweeper.get("cells"), cfg.hydra.sweeper.get("params") or {}, args,
+                                 lambda a: _parse(a, loader))
+    except registry.ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - e.g. an interval, which only a sampling sweeper (Optuna) can use
         raise registry.ConfigError(f"the sweep cannot be expanded into jobs: {one_line(e)} (quote a value with "
                                    "commas, e.g. 'hydra.sweeper.params.norm=\"layer,rms\"'; intervals need a "
                                    "sampling sweeper such as Optuna's)") from None
-    return [job for batch in batches for job in batch]
 
 
 def compose_job(overrides: list, hydra: bool = False) -> DictConfig:

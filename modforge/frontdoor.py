@@ -28,8 +28,8 @@ Examples:
 {groups}
 
 == Keys of the run ==
-seed, resume, eval_at_start, sample, compile, divergence_patience, and for sweeps dry_run, skip_invalid,
-retry_failed
+seed, resume, eval_at_start, eval_block_sizes, sample, compile, divergence_patience, and for sweeps
+dry_run, skip_invalid, retry_failed
 (conf/train.yaml says what each does); trainer.<any lightning.Trainer argument>; <group>.<parameter>
 
 More: python -m modforge.list [KIND [NAME]]   every option with its parameters and defaults

@@ -7,6 +7,8 @@
   baseline=best          the configuration every other is compared with: best (default), first (first by name),
                          or its overrides, e.g. baseline=norm=layer,residual=pre
   level=0.95             confidence level of every interval
+  tasks=apart|together   jobs of different tasks in separate tables (default), or in one, for a metric that means
+                         the same in each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)
   format=md|csv|json     what is printed (default md)
   out=DIR                also write DIR/report.md, report.csv, report.json and the plots (PNG and SVG; plots need
                          the optional extra: pip install 'modforge[report]')
@@ -32,7 +34,7 @@ p-values are adjusted with Holm's step-down method, and a row is called
 distinguishable only when its adjusted p is below 1 - level. A second table
 gives the cost of each configuration: parameters (all, and without embeddings),
 tokens/s, wall time, tokens seen and the training compute estimate 6·N·D.
-Jobs of different tasks are reported in separate tables, never mixed.
+Jobs of different tasks are reported in separate tables unless ``tasks=together``.
 """
 import csv
 import io
@@ -51,7 +53,7 @@ from modforge.cli import command
 from modforge.registry import ModforgeError, suggest
 from modforge.runs import read_state
 
-OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out")
+OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
 STATUSES = ("finished", "diverged", "failed", "interrupted", "unfinished", "unreadable")
 
@@ -181,6 +183,8 @@ def swept_keys(root: Path) -> set:
         except (OSError, yaml.YAMLError, AttributeError):
             continue
         keys |= set(((h.get("sweeper") or {}).get("params") or {}))
+        for cell in (h.get("sweeper") or {}).get("cells") or []:
+            keys |= set(cell if isinstance(cell, dict) else {})
         for o in (h.get("overrides") or {}).get("task") or []:
             k, _, v = str(o).partition("=")
             if "," in v or re.match(r"\s*(glob|range|choice|interval)\(", v):
@@ -298,9 +302,20 @@ def verdict(t: Table, r: Row) -> str:
     return f"not distinguishable at n={r.n} ({tested})"
 
 
-def other_statuses(r: Row) -> str:
+def not_applicable(j: Job, metric: str) -> Optional[str]:
+    """Why ``metric`` cannot exist for this run (``metrics.json`` -> ``not_applicable``, e.g. ``val@128`` for
+    val@128/loss of a learned positions table), or None."""
+    reasons = (j.metrics or {}).get("not_applicable") or {}
+    return next((why for what, why in reasons.items() if metric == what or metric.startswith(what + "/")), None)
+
+
+def other_statuses(r: Row, metric: str = "") -> str:
     parts = [f"{r.count(s)} {s}" for s in STATUSES[1:] if r.count(s)]
-    no_metric = sum(j.status == "finished" for j in r.jobs) - r.n
+    finished = [j for j in r.jobs if j.status == "finished"]
+    reasons = [why for j in finished if (why := not_applicable(j, metric)) is not None]
+    if reasons:
+        parts.append(f"{len(reasons)} not applicable ({reasons[0]})")
+    no_metric = len(finished) - r.n - len(reasons)
     if no_metric:
         parts.append(f"{no_metric} without the metric")
     return ", ".join(parts)
@@ -318,7 +333,7 @@ def answer_rows(t: Table) -> tuple[list, list]:
         body.append([*r.label, r.n, fmt(r.interval.estimate), ci, fmt(r.sd), fmt(min(vals) if vals else math.nan),
                      fmt(max(vals) if vals else math.nan),
                      fmt(d.estimate) if d else ("0" if r.is_baseline else ""),
-                     f"[{fmt(d.low)}, {fmt(d.high)}]" if d and d.kind else "", verdict(t, r), other_statuses(r)])
+                     f"[{fmt(d.low)}, {fmt(d.high)}]" if d and d.kind else "", verdict(t, r), other_statuses(r, t.metric)])
     return head, body
 
 
@@ -410,14 +425,14 @@ def parse_args(argv: list[str]) -> dict:
         raise ReportError("name the sweep directory first: python -m modforge.report <sweep dir> [key=value ...] "
                           "(python -m modforge.report --help)")
     args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
-            "level": "0.95", "format": "md", "out": None}
+            "level": "0.95", "format": "md", "out": None, "tasks": "apart"}
     for a in argv[1:]:
         key, eq, value = a.partition("=")
         if not eq or key not in OPTIONS:
             raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
         args[key] = value
     args["over_given"] = any(a.startswith("over=") for a in argv[1:])
-    for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json"))):
+    for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json")), ("tasks", ("apart", "together"))):
         if args[key] not in allowed:
             raise ReportError(f"{key}={args[key]}: use {' or '.join(f'{key}={v}' for v in allowed)}")
     if args["best"] is None:
@@ -444,9 +459,10 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
                                   f"Keys of the jobs: {', '.join(have) or 'none'}.")
     shared, varying = shared_overrides(jobs, over, swept_keys(Path(a["dir"])))
     tasks = sorted({j.task for j in jobs if j.status != "unreadable"})
+    groups = [(t, [t]) for t in tasks] if a["tasks"] == "apart" else [("+".join(tasks), tasks)]
     tables = []
-    for task in tasks:
-        mine = [j for j in jobs if j.task == task and j.status != "unreadable"]
+    for task, members in groups:
+        mine = [j for j in jobs if j.task in members and j.status != "unreadable"]
         if not any(a["metric"] in ((j.metrics or {}).get("val") or {}) for j in mine):
             continue
         tables.append(summarise(mine, a["metric"], over, varying, a["sort"], a["best"], a["baseline"], a["level"], task))

@@ -4,6 +4,11 @@ It is Hydra's basic sweeper (the same grid: ``hydra.sweeper.params`` and the
 command line's comma lists, expanded in the same order, numbered the same), with
 what a long ablation needs around it:
 
+* **cells** (``hydra.sweeper.cells``): a study whose configurations are not a grid
+  (a SiLU MLP beside SwiGLU; three architectures, each with its own task and
+  width) lists them, each a mapping of overrides; every cell is crossed with the
+  grid (``params`` and the command line's sweeps), cells in the order listed;
+
 * **plan**: each job's directory is read before anything starts (:func:`modforge.runs.read_state`):
   a finished or diverged job is skipped, an interrupted one resumes from its
   ``last.ckpt`` in place, a failed one is skipped unless ``retry_failed=true``,
@@ -72,6 +77,7 @@ class Planned:
 class ModforgeSweeperConf(BasicSweeperConf):
     _target_: str = "hydra_plugins.modforge_sweeper.ModforgeSweeper"  # Hydra loads plugins from there only
     params: Optional[dict] = field(default=None)
+    cells: Optional[list] = field(default=None)  # a union of configurations, each {key: value}, crossed with params
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="modforge", node=ModforgeSweeperConf, provider="modforge")
@@ -81,9 +87,11 @@ class PlannedSweeper(Sweeper):
     """Not a subclass of Hydra's BasicSweeper (Hydra's plugin scan may load that module twice, and its
     ``super(BasicSweeper, self)`` then fails): its grid expansion is reused through the static method."""
 
-    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None,
+                 cells: Optional[list] = None):
         super().__init__()
         self.params = dict(params or {})  # hydra.sweeper.params: the grid an experiment carries
+        self.cells = cells  # hydra.sweeper.cells: the configurations it lists, each crossed with the grid
         self.hydra_context = self.config = self.launcher = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
@@ -120,8 +128,7 @@ class PlannedSweeper(Sweeper):
     def expand(self, arguments: list) -> list:
         """The jobs' overrides, in Hydra's basic sweeper's order."""
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
-        return [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        return expand_jobs(self.cells, self.params, list(arguments), parser.parse_overrides)
 
     def job_config(self, num: int, overrides: list):
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -194,6 +201,43 @@ class PlannedSweeper(Sweeper):
                 except Exception:  # noqa: BLE001 - broken twice: what ran is in the summary
                     pass
             return out
+
+
+def cell_overrides(cells: Any) -> list:
+    """``hydra.sweeper.cells`` -> one list of ``key=value`` overrides per cell ([[]]: no cells, the grid alone)."""
+    from modforge.registry import ConfigError
+
+    if cells is None:
+        return [[]]
+    if OmegaConf.is_config(cells):
+        cells = OmegaConf.to_container(cells)
+    if not isinstance(cells, list) or not cells or not all(isinstance(c, dict) and c for c in cells):
+        raise ConfigError(f"hydra.sweeper.cells={cells!r}: must be a non-empty list of mappings of overrides, "
+                          "e.g. [{ffn: swiglu}, {ffn: mlp, ffn.activation: silu}]")
+    return [[f"{k}={_override_value(v)}" for k, v in c.items()] for c in cells]
+
+
+def _override_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "null" if v is None else str(v)
+
+
+def expand_jobs(cells: Any, params: dict, arguments: list, parse) -> list:
+    """Every job's overrides: each cell (in order) crossed with the grid (``params``, then the command line),
+    the grid expanded as Hydra's basic sweeper expands it. ``parse`` is an ``OverridesParser.parse_overrides``."""
+    from modforge.registry import ConfigError
+
+    grid = [f"{k}={v}" for k, v in (params or {}).items()] + list(arguments)
+    jobs = []
+    for cell in cell_overrides(cells):
+        mine = {o.split("=", 1)[0] for o in cell}
+        clash = [a for a in grid if a.split("=", 1)[0].lstrip("+~") in mine]
+        if clash:
+            raise ConfigError(f"{clash[0]}: that key is set by a cell of hydra.sweeper.cells ({' '.join(cell)}); "
+                              "set it in every cell, or remove it from the cells")
+        jobs += [list(job) for batch in BasicSweeper.split_arguments(parse(cell + grid), None) for job in batch]
+    return jobs
 
 
 def config_stamp(d: Path) -> Optional[int]:

@@ -65,6 +65,10 @@ def validate(cfg: DictConfig, here: bool = True) -> None:
     if "data" in typed and "model" in typed:
         (data_entry, data), (_, model) = typed["data"], typed["model"]
         check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")
+    if cfg.get("eval_block_sizes") and "data" in typed and not hasattr(typed["data"][1], "block_size"):
+        raise registry.ConfigError(f"eval_block_sizes={list(cfg.eval_block_sizes)}: data={cfg.data.name} has no "
+                                   "block_size (evaluating at other lengths needs language-modelling data cut "
+                                   "into windows: stdlib, tinyshakespeare, text, hf)")
 
 
 def check_trainer_values(t: Any, here: bool = True) -> None:
@@ -426,6 +430,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
             metrics["val"] = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
         if not all(math.isfinite(v) for v in metrics["val"].values()):
             metrics["status"] = "diverged"  # a non-finite validation metric (written null)
+        if cfg.get("eval_block_sizes") and metrics["status"] == "finished":
+            eval_at_lengths(cfg, trainer, task, facts.tokenizer, metrics)
     clock.mark("final_eval")
     metrics.update({
         "val_loss_at_start": record.val_loss_at_start,
@@ -511,6 +517,28 @@ def _quiet_about_existing_records(in_place: bool):
         yield
 
 
+def eval_at_lengths(cfg: DictConfig, trainer: Any, task: Any, tokenizer: Any, metrics: dict) -> None:
+    """``eval_block_sizes``: validate the trained model again on the same val text cut into windows of each
+    length (metrics ``val@N/loss`` ...), its positional scheme extended where it can be; a length it cannot
+    run (a learned table) is recorded under ``not_applicable`` with the reason, not as a failure."""
+    from modforge.components.positions import LengthNotSupported
+
+    loggers, trainer.loggers = trainer.loggers, []  # these are not points of the training curves
+    try:
+        for n in cfg.eval_block_sizes:
+            try:
+                task.model.extend_positions(int(n))
+            except LengthNotSupported as e:
+                metrics.setdefault("not_applicable", {})[f"val@{n}"] = str(e)
+                continue
+            dm = registry.build("data", OmegaConf.merge(cfg.data, {"block_size": int(n)}))
+            dm.prepare(tokenizer)
+            got = _val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+            metrics["val"].update({k.replace("val/", f"val@{n}/", 1): v for k, v in got.items()})
+    finally:
+        trainer.loggers = loggers
+
+
 def _val_metrics(results: list) -> dict:
     out: dict = {}
     for r in results or []:
@@ -529,6 +557,8 @@ def print_summary(m: dict, out_dir: Path) -> None:
         lines.append(f"   last finite validation (step {m.get('val_step', '-')}): {val or 'none'}")
     else:
         lines.append(f"   {m['status']:<10} {val}")
+    for what, why in (m.get("not_applicable") or {}).items():
+        lines.append(f"   {what}: not applicable: {why}")
     if m.get("val_loss_at_start") is not None:
         extra = f" (unigram model: {m['unigram_val_loss']:.4f})" if "unigram_val_loss" in m else ""
         lines.append(f"   at start   val/loss={m['val_loss_at_start']:.4f}{extra}")

@@ -46,6 +46,8 @@ REFERENCE_TESTS = {
     "task": {"causal_lm": "test_train::test_run_writes_metrics_config_and_a_rebuildable_checkpoint",
              "masked_lm": "test_train::test_cli_trains_and_learns",
              "seq2seq": "test_data::test_seq2seq_trains_on_parallel_text",
+             "seq2seq_lm": "test_tasks::test_seq2seq_lm_reads_source_bos_target_and_learns_the_target_only",
+             "transduce": "test_tasks::test_transduce_predicts_the_target_at_each_source_position",
              "classify": "test_data::test_classify_trains_and_its_checkpoint_keeps_the_labels"},
     "data": {"stdlib": "test_data::test_stdlib_keeps_its_text_split_and_ids",
              "tinyshakespeare": "test_data::test_tinyshakespeare_local_copy_is_the_standard_split",

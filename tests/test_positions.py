@@ -78,3 +78,25 @@ def test_none_is_identity():
     pe = build("pos", "none", 8, 2, 4)
     x = torch.randn(1, 9, 8)  # no length limit either
     assert pe.embed(x) is x
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "rope"])
+def test_an_extended_table_is_the_table_built_at_that_length(name):
+    """extend(n) (evaluation at a longer block) rebuilds the tables a scheme computes from the position."""
+    short, long = build("pos", name, 16, 2, 8), build("pos", name, 16, 2, 20)
+    short.extend(20)
+    assert short.max_len == 20
+    for key, buf in long.named_buffers():
+        assert torch.equal(dict(short.named_buffers())[key], buf)
+    q, x = torch.randn(1, 2, 20, 8), torch.randn(1, 20, 16)  # queries of head dim 8; embeddings of d_model 16
+    assert torch.equal(short.rotate(q), long.rotate(q)) and torch.equal(short.embed(x), long.embed(x))
+
+
+def test_a_learned_table_cannot_be_extended_and_says_why():
+    from modforge.components.positions import LengthNotSupported
+
+    pos = build("pos", "learned", 16, 2, 8)
+    pos.extend(8)  # not longer: nothing to do
+    with pytest.raises(LengthNotSupported, match="trained row for each of its 8 positions .* none for positions 8..11"):
+        pos.extend(12)
+    assert pos.max_len == 8

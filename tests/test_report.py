@@ -287,3 +287,29 @@ def test_the_final_chart_is_best_first_whatever_the_table_order(sweep, tmp_path,
         plots._save = real
     labels = captured["val_loss_final"]
     assert [label.split()[0] for label in labels] == ["pos=rope", "pos=learned", "pos=sinusoidal"]
+
+
+def test_a_metric_a_run_cannot_have_is_not_applicable_not_missing(tmp_path, capsys):
+    """The positions study: val@128/loss of a learned table is recorded as not applicable, with its reason."""
+    why = {"val@128": "pos=learned has a trained row for each of its 64 positions"}
+    for i, (pos, seed) in enumerate([(p, s) for p in ("rope", "learned") for s in (1, 2)]):
+        extra = {"not_applicable": why} if pos == "learned" else {}
+        d = fake_job(tmp_path, f"{i}", [f"pos={pos}", f"seed={seed}"], 1.0 + i / 10, extra=extra)
+        if pos == "rope":
+            m = json.loads((d / "metrics.json").read_text())
+            m["val"]["val@128/loss"] = 1.5 + i / 10
+            (d / "metrics.json").write_text(json.dumps(m))
+    report.main([str(tmp_path), "metric=val@128/loss"])
+    out = capsys.readouterr().out
+    learned = next(line for line in out.splitlines() if line.startswith("| learned"))
+    assert "2 not applicable (pos=learned has a trained row" in learned and "without the metric" not in learned
+    assert "| rope | 2 | 1.5500" in out
+
+
+def test_tasks_together_puts_one_pair_task_of_three_architectures_in_one_table(tmp_path, capsys):
+    for i, (task, seed) in enumerate([(t, s) for t in ("seq2seq", "seq2seq_lm", "transduce") for s in (1, 2)]):
+        fake_job(tmp_path, f"{i}", [f"task={task}", f"seed={seed}"], 0.5 + i / 20, task=task)
+    report.main([str(tmp_path), "metric=val/acc"])
+    assert capsys.readouterr().out.count(", metric val/acc, best first") == 3  # apart, by default
+    rows = records(capsys, tmp_path, "metric=val/acc", "tasks=together")
+    assert [r["task"] for r in rows] == ["seq2seq", "seq2seq_lm", "transduce"]  # highest accuracy first

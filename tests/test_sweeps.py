@@ -255,3 +255,42 @@ def test_the_keys_left_out_of_job_directory_names_are_the_command_switches():
 
     cfg = compose_job([], hydra=True)
     assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(CONTROL_KEYS)
+
+
+# --------------------------------------------------------------------------- cells: a union of configurations
+
+def test_cells_are_a_union_each_crossed_with_the_grid_in_hydras_order():
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from modforge.registry import ConfigError
+    from modforge.sweep import expand_jobs
+
+    parse = OverridesParser.create().parse_overrides
+    grid = ["seed=1,2", "norm=layer,rms"]
+
+    def hydra(args):  # Hydra's basic sweeper on its own
+        return [list(j) for batch in BasicSweeper.split_arguments(parse(args), None) for j in batch]
+
+    assert expand_jobs(None, {}, grid, parse) == hydra(grid)
+    cells = [{"ffn": "relu"}, {"ffn": "mlp", "ffn.activation": "silu"}, {"model.dropout": 0.1, "compile": False}]
+    jobs = expand_jobs(cells, {"seed": "1,2"}, ["norm=layer,rms"], parse)
+    assert jobs == (hydra(["ffn=relu", *grid]) + hydra(["ffn=mlp", "ffn.activation=silu", *grid])
+                    + hydra(["model.dropout=0.1", "compile=false", *grid]))
+    assert len(jobs) == 12 and jobs[4] == ["ffn=mlp", "ffn.activation=silu", "seed=1", "norm=layer"]
+    with pytest.raises(ConfigError, match="ffn=gelu: that key is set by a cell of hydra.sweeper.cells"):
+        expand_jobs(cells, {}, ["ffn=gelu"], parse)
+    with pytest.raises(ConfigError, match="must be a non-empty list of mappings"):
+        expand_jobs(["ffn=relu"], {}, [], parse)
+
+
+def test_a_study_with_cells_plans_each_cell_with_its_own_task(tmp_path):
+    """experiment=architectures: three architectures, each with its task and width, five seeds; the pre-flight
+    composes and checks all 15 jobs (the model/task fit included) and the sweeper numbers them in that order."""
+    p = train(tmp_path, "-m", "experiment=architectures", "dry_run=true", "hydra.sweep.dir=sw")
+    assert p.returncode == 0, p.stderr
+    lines = [line.split(None, 1)[1] for line in p.stdout.splitlines() if line.lstrip().startswith("#")]
+    assert len(lines) == 15 and not (tmp_path / "sw").exists()
+    assert lines[0].startswith("model=encoder_decoder seed=1")
+    assert lines[5].startswith("model=decoder_only task=seq2seq_lm model.n_layers=4 model.d_ff=325 seed=1")
+    assert lines[14].startswith("model=encoder_only task=transduce model.n_layers=4 model.d_ff=325 seed=5")

@@ -11,6 +11,11 @@ model calls all three and never asks which scheme it has:
 
 ``offset`` is the position of the first token of ``x``/``t``: non-zero when
 decoding with a KV cache. One scheme instance is shared by all layers of a stack.
+
+``extend(n)`` lets a trained model run sequences longer than ``model.max_len``
+(evaluation at another length, ``eval_block_sizes``): a scheme that is a
+function of position rebuilds its tables; one that learned a row per position
+cannot, and says why (:class:`LengthNotSupported`).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -18,7 +23,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from modforge.registry import ConfigError, declare, register
+from modforge.registry import ConfigError, ModforgeError, declare, register
+
+
+class LengthNotSupported(ModforgeError):
+    """A positional scheme cannot run sequences longer than those it was built (and trained) for."""
 
 
 class PositionalScheme(nn.Module):
@@ -40,6 +49,16 @@ class PositionalScheme(nn.Module):
     def check_length(self, end: int) -> None:
         if end > self.max_len:
             raise ValueError(f"sequence of {end} positions exceeds model.max_len={self.max_len}")
+
+    def extend(self, n: int) -> None:
+        """Run sequences of up to ``n`` positions from now on (no change when ``n <= max_len``); a scheme with
+        tables rebuilds them in :meth:`build`, one that cannot raises :class:`LengthNotSupported`."""
+        if n > self.max_len:
+            self.build(n)
+            self.max_len = n
+
+    def build(self, n: int) -> None:
+        """(Re)build what the scheme holds for ``n`` positions (nothing, here)."""
 
 
 declare("pos", "positional scheme (embedding, rotation or attention bias)", base=PositionalScheme,
@@ -71,7 +90,13 @@ class Sinusoidal(PositionalScheme):
 
     def __init__(self, cfg: Config, d_model: int, n_heads: int, max_len: int):
         super().__init__(cfg, d_model, n_heads, max_len)
-        self.register_buffer("pe", sinusoid_table(max_len, d_model, cfg.base), persistent=False)
+        self.base = cfg.base
+        self.build(max_len)
+
+    def build(self, n: int) -> None:
+        old = getattr(self, "pe", None)
+        pe = sinusoid_table(n, self.d_model, self.base)
+        self.register_buffer("pe", pe if old is None else pe.to(old), persistent=False)  # old's device, dtype
 
     def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         self.check_length(offset + x.shape[1])
@@ -89,6 +114,10 @@ class Learned(PositionalScheme):
     def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         self.check_length(offset + x.shape[1])
         return x + self.table.weight[offset : offset + x.shape[1]]
+
+    def build(self, n: int) -> None:
+        raise LengthNotSupported(f"pos=learned has a trained row for each of its {self.max_len} positions "
+                                 f"(model.max_len) and none for positions {self.max_len}..{n - 1}")
 
 
 @register("pos", "rope")
@@ -116,9 +145,13 @@ class RoPE(PositionalScheme):
         hd = d_model // n_heads
         if hd % 2:
             raise ConfigError(f"pos=rope needs an even head dimension; got d_model/n_heads = {hd}")
-        self.interleaved = cfg.pairing == "interleaved"
-        inv = cfg.base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-        ang = torch.arange(max_len, dtype=torch.float64)[:, None] * inv  # (max_len, hd/2)
+        self.interleaved, self.base, self.head_dim = cfg.pairing == "interleaved", cfg.base, hd
+        self.build(max_len)
+
+    def build(self, n: int) -> None:
+        hd, old = self.head_dim, getattr(self, "cos", None)
+        inv = self.base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        ang = torch.arange(n, dtype=torch.float64)[:, None] * inv  # (n, hd/2)
         cos, sin = ang.cos(), ang.sin()
         # laid out per head dimension, sin signed, so that rotate is t * cos + swap(t) * sin: each
         # pair (a, b) -> (a cos - b sin, b cos + a sin), the same numbers as the pairwise formula, fewer ops
@@ -126,8 +159,11 @@ class RoPE(PositionalScheme):
             cos, sin = cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
         else:
             cos, sin = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
-        self.register_buffer("cos", cos.float(), persistent=False)
-        self.register_buffer("sin", sin.float(), persistent=False)
+        cos, sin = cos.float(), sin.float()
+        if old is not None:  # rebuilt longer: on the model's device, in its dtype
+            cos, sin = cos.to(old), sin.to(old)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def rotate(self, t: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """t: (..., T, hd): queries or keys (B, H, T, hd), or both stacked."""

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from modforge.components.positions import PositionalScheme
 from modforge.models.blocks import Embedder, Parts, Stack, init_weights
 from modforge.registry import ConfigError, build, declare, register
 
@@ -85,6 +86,14 @@ class Model(nn.Module):
     def _embedder(self, parts: Parts) -> Embedder:
         c = self.cfg
         return Embedder(self.tok, build("pos", parts.pos, c.d_model, c.n_heads, c.max_len), c.dropout, c.scale_embeddings)
+
+    def extend_positions(self, n: int) -> None:
+        """Let the model run sequences of ``n`` positions (its positional schemes extended; the KV cache's
+        capacity stays model.max_len). Raises :class:`~modforge.components.positions.LengthNotSupported`
+        when a scheme cannot (a learned table)."""
+        for m in self.modules():
+            if isinstance(m, PositionalScheme):
+                m.extend(n)
 
     def encode(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no encoder (has_encoder is False)")

@@ -1,0 +1,96 @@
+"""The pair tasks of the architectures study: seq2seq_lm (decoder-only) and transduce (encoder-only), and the
+evaluation at other block lengths (eval_block_sizes) of the positions study."""
+import csv
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_overrides
+from modforge.config import compose, to_plain
+from modforge.data.examples import collate_pairs
+from modforge.registry import ModforgeError, build, make_config
+from modforge.train import run
+
+
+def make_task(*overrides):
+    cfg = compose(tiny_overrides() + list(overrides))
+    facts = build("data", cfg.data).prepare()
+    entry, task_cfg = make_config("task", cfg.task)
+    return entry.cls(task_cfg, to_plain(cfg), facts).eval()
+
+
+PAIRS = [([5, 6, 7], [8, 9, 10]), ([11, 12, 13, 14], [14, 13, 12, 11]), ([6, 7, 8], [8, 7, 6]), ([9, 5, 6], [6, 5, 9])]
+
+
+def test_seq2seq_lm_reads_source_bos_target_and_learns_the_target_only():
+    task = make_task("model=decoder_only", "task=seq2seq_lm")
+    tok = task.tokenizer
+    b = collate_pairs(PAIRS[:2])
+    x, y, n = task.joined(b)
+    P, B, E = tok.pad_id, tok.bos_id, tok.eos_id
+    assert x.tolist() == [[5, 6, 7, B, 8, 9, 10, P, P], [11, 12, 13, 14, B, 14, 13, 12, 11]]
+    assert y.tolist() == [[P, P, P, 8, 9, 10, E, P, P], [P, P, P, P, 14, 13, 12, 11, E]]
+    assert n == 7 + 9
+    # the loss is the cross-entropy of the target positions only, computed by hand
+    logits, targets, _ = task.teacher_forced(b)
+    keep = targets != P
+    manual = F.cross_entropy(task.model(x)[keep], targets[keep])
+    assert torch.allclose(task.xent(logits, targets, smoothing=0.0), manual)
+
+
+def test_seq2seq_lm_decodes_each_row_as_it_would_alone():
+    task = make_task("model=decoder_only", "task=seq2seq_lm")
+    b = collate_pairs(PAIRS)
+    together = task.predict(b)
+    for i, pair in enumerate(PAIRS):
+        alone = task.predict(collate_pairs([pair]))
+        assert together[i, : alone.shape[1]].tolist() == alone[0].tolist()
+
+
+def test_the_end_of_row_bos_is_the_prompt_a_decoder_continues():
+    """The decoded answer is what greedy argmax over the full sequence gives, step by step."""
+    task = make_task("model=decoder_only", "task=seq2seq_lm")
+    b = collate_pairs(PAIRS[:1])
+    out = task.predict(b)
+    seq = torch.tensor([[5, 6, 7, task.tokenizer.bos_id]])
+    for t in range(3):
+        nxt = task.model(seq)[0, -1].argmax()
+        assert int(out[0, t]) == int(nxt)
+        seq = torch.cat([seq, nxt.view(1, 1)], 1)
+
+
+def test_transduce_predicts_the_target_at_each_source_position():
+    task = make_task("model=encoder_only", "task=transduce")
+    b = collate_pairs(PAIRS[1:3])
+    P = task.tokenizer.pad_id
+    assert task.wanted(b).tolist() == [[14, 13, 12, 11], [8, 7, 6, P]]
+    logits, targets, n = task.teacher_forced(b)
+    assert logits.shape[:2] == targets.shape and n == 7
+    right = task.predict(b)
+    assert right[1, 3] == P  # nothing predicted under the padding
+    with pytest.raises(ModforgeError, match="a source of 3 and a target of 2 tokens; use task=seq2seq"):
+        task.wanted(collate_pairs([([5, 6, 7], [8, 9])]))
+
+
+@pytest.mark.parametrize("arch", [["model=decoder_only", "task=seq2seq_lm"], ["model=encoder_only", "task=transduce"]])
+def test_pair_tasks_train_and_report_exact_match(tmp_path, arch):
+    m = run(compose(tiny_overrides(steps=3) + arch + ["data.batch_size=16"]), tmp_path / "run")
+    assert math.isfinite(m["val"]["val/loss"]) and 0 <= m["val"]["val/exact_match"] <= 1
+    assert " -> " in m["sample"] and "(reference: " in m["sample"]
+
+
+def test_eval_block_sizes_validates_longer_where_positions_allow(tmp_path):
+    """val@N is the same validation at another window length: at the training length it is val/loss itself;
+    RoPE runs at 4x its max_len; a learned table is 'not applicable' there, and the curves get no extra points."""
+    base = tiny_overrides(steps=2) + ["data.block_size=32", "eval_block_sizes=[32,128]", "sample=false"]
+    m = run(compose(base + ["pos=rope"]), tmp_path / "rope")
+    assert m["val"]["val@32/loss"] == pytest.approx(m["val"]["val/loss"], abs=1e-6)
+    assert math.isfinite(m["val"]["val@128/loss"]) and "not_applicable" not in m
+    with open(tmp_path / "rope" / "logs" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/loss")]
+    assert len(rows) == 2 and not any(k.startswith("val@") for k in rows[0])  # step 0 and step 2 only
+    m = run(compose(base + ["pos=learned"]), tmp_path / "learned")
+    assert "val@32/loss" in m["val"] and "val@128/loss" not in m["val"] and m["status"] == "finished"
+    assert "none for positions 64..127" in m["not_applicable"]["val@128"]
