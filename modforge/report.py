@@ -7,6 +7,7 @@
   baseline=best          the configuration every other is compared with: best (default), first (first by name),
                          or its overrides, e.g. baseline=norm=layer,residual=pre
   level=0.95             confidence level of every interval
+  where=k=v[,k2=v2]      only the jobs with these overrides (a slice of the sweep, e.g. where=model.n_layers=8)
   tasks=apart|together   jobs of different tasks in separate tables (default), or in one, for a metric that means
                          the same in each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)
   format=md|csv|json     what is printed (default md)
@@ -53,7 +54,7 @@ from modforge.cli import command
 from modforge.registry import ModforgeError, suggest
 from modforge.runs import read_state
 
-OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks")
+OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where")
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
 STATUSES = ("finished", "diverged", "failed", "interrupted", "unfinished", "unreadable")
 
@@ -425,7 +426,7 @@ def parse_args(argv: list[str]) -> dict:
         raise ReportError("name the sweep directory first: python -m modforge.report <sweep dir> [key=value ...] "
                           "(python -m modforge.report --help)")
     args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
-            "level": "0.95", "format": "md", "out": None, "tasks": "apart"}
+            "level": "0.95", "format": "md", "out": None, "tasks": "apart", "where": ""}
     for a in argv[1:]:
         key, eq, value = a.partition("=")
         if not eq or key not in OPTIONS:
@@ -457,7 +458,7 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
             if k not in have:
                 raise ReportError(f"over={a['over']}: no job has the key '{k}'.{suggest(k, have)} "
                                   f"Keys of the jobs: {', '.join(have) or 'none'}.")
-    shared, varying = shared_overrides(jobs, over, swept_keys(Path(a["dir"])))
+    shared, varying = shared_overrides(jobs, over, swept_keys(Path(a["dir"])) - set(a.get("where_keys", ())))
     tasks = sorted({j.task for j in jobs if j.status != "unreadable"})
     groups = [(t, [t]) for t in tasks] if a["tasks"] == "apart" else [("+".join(tasks), tasks)]
     tables = []
@@ -476,6 +477,31 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
     return tables, shared
 
 
+def same_value(a: str, b: str) -> bool:
+    """Override values as written (seed=2) or as Hydra rewrites a swept one (optim.lr=3e-3 -> 0.003)."""
+    try:
+        return a == b or float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def select(jobs: list[Job], a: dict) -> list[Job]:
+    """``where=k=v,...``: the jobs whose overrides give every k its value v."""
+    want = [p.split("=", 1) for p in a["where"].split(",")]
+    if not all(len(kv) == 2 and kv[0] for kv in want):
+        raise ReportError(f"where={a['where']}: give key=value pairs, comma-separated, e.g. where=model.n_layers=8")
+    have = sorted({k for j in jobs for k in j.overrides}, key=natural)
+    for k, _ in want:
+        if k not in have:
+            raise ReportError(f"where={a['where']}: no job has the key '{k}'.{suggest(k, have)} "
+                              f"Keys of the jobs: {', '.join(have) or 'none'}.")
+    kept = [j for j in jobs if all(k in j.overrides and same_value(j.overrides[k], v) for k, v in want)]
+    if not kept:
+        raise ReportError(f"where={a['where']}: no job has all of these overrides")
+    a["where_keys"] = [k for k, _ in want]
+    return kept
+
+
 def report_command(argv: list) -> None:
     a = parse_args(argv)
     root = Path(a["dir"])
@@ -484,6 +510,8 @@ def report_command(argv: list) -> None:
     jobs = load_jobs(root)
     if not jobs:
         raise ReportError(f"{root}: no jobs (no .hydra/overrides.yaml below it)")
+    if a["where"]:
+        jobs = select(jobs, a)
     tables, shared = build_tables(jobs, a)
     over = tuple(k for k in a["over"].split(",") if k)
     counts = {s: sum(j.status == s for j in jobs) for s in STATUSES}

@@ -313,3 +313,18 @@ def test_tasks_together_puts_one_pair_task_of_three_architectures_in_one_table(t
     assert capsys.readouterr().out.count(", metric val/acc, best first") == 3  # apart, by default
     rows = records(capsys, tmp_path, "metric=val/acc", "tasks=together")
     assert [r["task"] for r in rows] == ["seq2seq", "seq2seq_lm", "transduce"]  # highest accuracy first
+
+
+def test_where_reports_a_slice_of_the_sweep(tmp_path, capsys):
+    for i, (depth, res, seed) in enumerate([(d, r, s) for d in (2, 8) for r in ("pre", "post") for s in (1, 2)]):
+        fake_job(tmp_path, f"{i}", [f"model.n_layers={depth}", f"residual={res}", f"seed={seed}", "optim.lr=0.003"],
+                 1.0 + i / 10)
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"sweeper": {"params": {"model.n_layers": "2,8", "residual": "pre,post"}}}}))
+    rows = records(capsys, tmp_path, "where=model.n_layers=8,optim.lr=3e-3")
+    assert [(r["residual"], r["runs"]) for r in rows] == [("pre", 2), ("post", 2)] and "model.n_layers" not in rows[0]
+    report.main([str(tmp_path), "where=model.n_layers=8"])
+    assert capsys.readouterr().out.startswith("shared: model.n_layers=8 optim.lr=0.003\njobs: 4 finished")
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "where=model.n_layer=8"])
+    assert "no job has the key 'model.n_layer'. Did you mean 'model.n_layers'" in capsys.readouterr().err
