@@ -41,7 +41,8 @@ def read_curve(job_dir: Path, metric: str) -> dict[int, float]:
 
 
 def label_of(t, r) -> str:
-    return ", ".join(f"{k}={v}" for k, v in zip(t.varying, r.label)) or "all runs"
+    """The row's overrides; a key its cell does not set (blank in the table) is left out."""
+    return ", ".join(f"{k}={v}" for k, v in zip(t.varying, r.label) if v != "") or "all runs"
 
 
 def slug(text: str) -> str:
