@@ -23,14 +23,20 @@ class Stepper:
     from position 0 (nanoGPT crops the same way, but at every step; halving
     keeps the cache useful). The uncached path applies the same rule, so both
     produce the same tokens.
+
+    ``prefix_mask`` (B, T), True at real tokens, decodes a batch of prompts of
+    different lengths padded on the left: each row's positions count its real
+    tokens only (position 0 at its first real token), and its padding is never
+    attended to, so every row decodes exactly as it would alone.
     """
 
     def __init__(self, model, prefix: torch.Tensor, *, src: Optional[torch.Tensor] = None,
                  src_mask: Optional[torch.Tensor] = None, use_cache: bool = True,
-                 max_context: Optional[int] = None):
+                 max_context: Optional[int] = None, prefix_mask: Optional[torch.Tensor] = None):
         self.model, self.use_cache = model, use_cache
         self.max_context = min(max_context or model.cfg.max_len, model.cfg.max_len)
         self.seq = prefix
+        self.mask = None if prefix_mask is None or bool(prefix_mask.all()) else prefix_mask.bool()
         self.src_mask = src_mask
         self.memory = model.encode(src, src_mask) if src is not None else None
         self.cache = model.new_cache(self.max_context) if use_cache else None
@@ -39,7 +45,13 @@ class Stepper:
 
     def _logits(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         if self.memory is None:
-            return self.model(tokens, cache=self.cache, offset=offset)
+            if self.mask is None:
+                return self.model(tokens, cache=self.cache, offset=offset)
+            # each row's positions count its real tokens in the current context; pads are masked keys
+            window = self.mask[:, self.start_at :]
+            positions = (window.cumsum(1) - 1).clamp(min=0)[:, offset : offset + tokens.shape[1]]
+            return self.model(tokens, mask=window[:, offset : offset + tokens.shape[1]], cache=self.cache,
+                              offset=offset, positions=positions)
         return self.model.decode(tokens, self.memory, self.src_mask, cache=self.cache, offset=offset)
 
     def _run(self) -> torch.Tensor:
@@ -61,6 +73,8 @@ class Stepper:
     def reorder(self, index: torch.Tensor) -> None:
         """Keep (or replicate) the batch rows ``index``: beam search's bookkeeping."""
         self.seq = self.seq.index_select(0, index)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
         if self.memory is not None:
             self.memory = self.memory.index_select(0, index)
             self.src_mask = self.src_mask.index_select(0, index) if self.src_mask is not None else None
@@ -70,6 +84,8 @@ class Stepper:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.seq = torch.cat([self.seq, tokens.view(-1, 1)], dim=1)
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
         return self._run()
 
 

@@ -74,14 +74,16 @@ def test_kv_cache_reorder_keeps_rows_and_room():
 
     c = KVCache(6)
     k = torch.arange(3 * 2 * 4 * 1, dtype=torch.float32).view(3, 2, 4, 1)
-    c.append(k, -k)
+    real = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)  # left padding
+    c.append(k, -k, real)
     index = torch.tensor([2, 2, 0])  # a row twice, one dropped: beam search's gather
     c.reorder(index)
     assert torch.equal(c.k[:, :, :4], k[index]) and torch.equal(c.v[:, :, :4], -k[index])
-    k2, v2 = c.append(torch.ones(3, 2, 1, 1), torch.zeros(3, 2, 1, 1))  # the room after the filled part remains
+    k2, v2, mask = c.append(torch.ones(3, 2, 1, 1), torch.zeros(3, 2, 1, 1))  # the room after the filled part remains
     assert k2.shape == (3, 2, 5, 1) and torch.equal(k2[:, :, :4], k[index]) and c.length == 5
+    assert torch.equal(mask[:, :4], real[index]) and mask[:, 4].all()  # the key mask follows its rows
     c.reorder(torch.tensor([1, 0]))  # a new batch size
-    assert c.k.shape[0] == 2 and torch.equal(c.k[:, :, :5], k2[[1, 0]])
+    assert c.k.shape[0] == 2 and torch.equal(c.k[:, :, :5], k2[[1, 0]]) and torch.equal(c.real[:, :5], mask[[1, 0]])
 
 
 def seq_logprob(m, prefix, tokens):

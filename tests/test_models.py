@@ -2,6 +2,7 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from modforge import registry
@@ -22,18 +23,23 @@ def make(arch, **parts):
     return build("model", cfg, Parts(**parts), V)
 
 
+def copy_torch_layer(ours, ref):
+    """Attention and feed-forward weights of an ``nn.TransformerEncoderLayer`` into our block."""
+    ours.self_attn.qkv.weight.copy_(ref.self_attn.in_proj_weight)
+    ours.self_attn.qkv.bias.copy_(ref.self_attn.in_proj_bias)
+    ours.self_attn.out.weight.copy_(ref.self_attn.out_proj.weight)
+    ours.self_attn.out.bias.copy_(ref.self_attn.out_proj.bias)
+    ours.ffn.w1.weight.copy_(ref.linear1.weight); ours.ffn.w1.bias.copy_(ref.linear1.bias)
+    ours.ffn.w2.weight.copy_(ref.linear2.weight); ours.ffn.w2.bias.copy_(ref.linear2.bias)
+
+
 @pytest.mark.parametrize("residual,norm_first", [("post", False), ("pre", True)])
 def test_block_matches_torch_encoder_layer(residual, norm_first):
     d, h, ff = 16, 4, 32
     ours = Block(Parts(norm="layer", residual=residual, ffn="relu"), d, h, ff, 0.0, causal=False).eval()
     ref = nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
     with torch.no_grad():
-        ours.self_attn.qkv.weight.copy_(ref.self_attn.in_proj_weight)
-        ours.self_attn.qkv.bias.copy_(ref.self_attn.in_proj_bias)
-        ours.self_attn.out.weight.copy_(ref.self_attn.out_proj.weight)
-        ours.self_attn.out.bias.copy_(ref.self_attn.out_proj.bias)
-        ours.ffn.w1.weight.copy_(ref.linear1.weight); ours.ffn.w1.bias.copy_(ref.linear1.bias)
-        ours.ffn.w2.weight.copy_(ref.linear2.weight); ours.ffn.w2.bias.copy_(ref.linear2.bias)
+        copy_torch_layer(ours, ref)
         for mine, theirs in ((ours.r_self.norm, ref.norm1), (ours.r_ffn.norm, ref.norm2)):
             theirs.weight.normal_(); theirs.bias.normal_()
             mine.weight.copy_(theirs.weight); mine.bias.copy_(theirs.bias)
@@ -171,3 +177,38 @@ def test_causal_training_reaches_sdpa_with_is_causal_and_no_mask(monkeypatch, po
     m = make("decoder_only", pos=pos).train()
     m(torch.randint(5, V, (2, 10))).sum().backward()
     assert len(calls) == 2 and all(k.get("is_causal") is True and k.get("attn_mask") is None for k in calls)
+
+
+def test_post_ln_stack_with_final_norm_matches_torch_encoder_with_norm():
+    from modforge.models.blocks import Stack
+
+    d, h, ff = 16, 4, 32
+    ours = Stack(Parts(norm="layer", residual={"name": "post", "final_norm": True}, ffn="relu"), 2, d, h, ff, 0.0,
+                 causal=False).eval()
+    layer = nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, batch_first=True)
+    ref = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(d), enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        for mine, theirs in zip(ours.blocks, ref.layers):
+            copy_torch_layer(mine, theirs)
+        ref.norm.weight.normal_(); ref.norm.bias.normal_()
+        ours.final_norm.weight.copy_(ref.norm.weight); ours.final_norm.bias.copy_(ref.norm.bias)
+        x = torch.randn(3, 5, d)
+        torch.testing.assert_close(ours(x, pos=None), ref(x), rtol=1e-4, atol=1e-5)
+    assert Stack(Parts(residual={"name": "pre", "final_norm": False}), 1, d, h, ff, 0.0, causal=True).final_norm is None
+
+
+def test_embedding_norm_and_token_types_follow_berts_formula():
+    from modforge.models.architectures import EncoderOnly, ModelConfig
+
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=8, embed_norm=True, type_vocab_size=2,
+                      head_transform=True, head_bias=True, tie_embeddings=True)
+    m = EncoderOnly(cfg, Parts(norm="layer", residual="post", pos="learned"), 11).eval()
+    idx, types = torch.randint(0, 11, (2, 5)), torch.tensor([[0, 0, 1, 1, 1], [0, 1, 0, 1, 0]])
+    e = m.embed
+    want = F.layer_norm(e.tokens(idx) + e.types(types) + e.pos.table.weight[:5], (16,), e.norm.weight, e.norm.bias)
+    torch.testing.assert_close(e(idx, token_types=types), want)
+    torch.testing.assert_close(e(idx), e(idx, token_types=torch.zeros_like(idx)))  # no types given: all type 0
+    h = m.encode(idx, token_types=types)
+    t = m.head_transform
+    want = F.layer_norm(F.gelu(t.dense(h)), (16,), t.norm.weight, t.norm.bias) @ m.tok.weight.T + m.head.bias
+    torch.testing.assert_close(m(idx, token_types=types), want)

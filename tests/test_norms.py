@@ -120,3 +120,13 @@ def test_batch_statistics_ignore_padding():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours.running_mean, ref.running_mean)
     torch.testing.assert_close(ours.running_var, ref.running_var)
+
+
+def test_rms_outside_keeps_float64_in_float64():
+    from modforge.registry import build as build_
+
+    norm = build_("norm", {"name": "rms", "eps_placement": "outside", "eps": 1e-6}, 8).double()
+    x = torch.randn(3, 8, dtype=torch.float64) * 1e-3
+    want = x / (x.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6)
+    assert norm(x).dtype == torch.float64
+    torch.testing.assert_close(norm(x), want, rtol=1e-14, atol=1e-17)

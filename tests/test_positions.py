@@ -100,3 +100,121 @@ def test_a_learned_table_cannot_be_extended_and_says_why():
     with pytest.raises(LengthNotSupported, match="trained row for each of its 8 positions .* none for positions 8..11"):
         pos.extend(12)
     assert pos.max_len == 8
+
+
+# ----------------------------------------------------------------------------- RoPE options (issue 16)
+
+def hf_inv_freq(rope_type: str, hd: int, max_len: int, seq_len=None, **params):
+    """Hugging Face's own RoPE parameter functions, as the reference for every scaling."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = transformers.LlamaConfig(hidden_size=hd * 2, num_attention_heads=2, max_position_embeddings=max_len,
+                                   rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, **params})
+    kw = {"seq_len": seq_len} if seq_len is not None else {}
+    return ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", **kw)
+
+
+SCALINGS = [
+    ("linear", {"factor": 4.0}, {"factor": 4.0}),
+    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_len": 64},
+     {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    ("yarn", {"factor": 4.0, "original_max_len": 64}, {"factor": 4.0, "original_max_position_embeddings": 64}),
+    ("yarn", {"factor": 2.0, "original_max_len": 64, "beta_fast": 16.0, "truncate": False},
+     {"factor": 2.0, "original_max_position_embeddings": 64, "beta_fast": 16.0, "truncate": False}),
+]
+
+
+@pytest.mark.parametrize("scaling,ours,theirs", SCALINGS, ids=[s[0] + str(i) for i, s in enumerate(SCALINGS)])
+def test_rope_scalings_match_hugging_faces_formulas(scaling, ours, theirs):
+    from modforge.components.positions import ROPE_SCALINGS
+
+    hd = 32
+    rope = build("pos", {"name": "rope", "pairing": "half", "scaling": scaling, **ours}, hd * 2, 2, 256)
+    for dt, tol in ((torch.float32, 1e-6), (torch.float64, 1e-6)):
+        inv, att = ROPE_SCALINGS[scaling](rope.cfg, rope.original, hd, dt, None)
+        want, want_att = hf_inv_freq(scaling, hd, 256, **theirs)
+        torch.testing.assert_close(inv.float(), want.float(), rtol=tol, atol=0)
+        assert att == pytest.approx(want_att)
+    # and the rotation uses them: position p at frequency theta_i, cos/sin scaled by the attention factor
+    x = torch.randn(1, 1, 5, hd, dtype=torch.float64)
+    inv, att = ROPE_SCALINGS[scaling](rope.cfg, rope.original, hd, torch.float64, None)
+    ang = torch.arange(3, 8, dtype=torch.float64)[:, None] * inv
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1) * att, torch.cat((ang.sin(), ang.sin()), -1) * att
+    half = hd // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), -1)  # Llama's rotate_half
+    torch.testing.assert_close(rope.double().rotate(x, 3), x * cos + rot * sin, rtol=1e-12, atol=1e-12)
+
+
+def test_linear_scaling_is_position_interpolation():
+    plain = build("pos", {"name": "rope"}, 16, 2, 64)
+    linear = build("pos", {"name": "rope", "scaling": "linear", "factor": 4.0}, 16, 2, 64)
+    x = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    plain, linear = plain.double(), linear.double()
+    torch.testing.assert_close(linear.rotate(x, 40), plain.rotate(x, 10), rtol=1e-12, atol=1e-12)
+
+
+def test_dynamic_scaling_changes_nothing_within_the_original_length_and_matches_hf_past_it():
+    hd = 16
+    plain = build("pos", {"name": "rope", "pairing": "half", "angles": "float32"}, hd * 2, 2, 128)
+    dyn = build("pos", {"name": "rope", "pairing": "half", "angles": "float32", "scaling": "dynamic",
+                        "factor": 2.0, "original_max_len": 32}, hd * 2, 2, 128)
+    x = torch.randn(1, 2, 32, hd)
+    torch.testing.assert_close(dyn.rotate(x), plain.rotate(x))
+    # a call reaching position 79: the base of length 80, for every position of the call (HF's dynamic update)
+    x = torch.randn(1, 2, 80, hd)
+    inv, _ = hf_inv_freq("dynamic", hd, 32, seq_len=80, factor=2.0)
+    ang = torch.arange(80).float()[:, None] * inv
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
+    want = x * cos + torch.cat((-x[..., hd // 2:], x[..., : hd // 2]), -1) * sin
+    torch.testing.assert_close(dyn.rotate(x), want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(dyn.rotate(x), plain.rotate(x), atol=1e-3)
+
+
+def test_partial_rotary_rotates_the_first_dimensions_and_passes_the_rest():
+    full = build("pos", {"name": "rope", "pairing": "half"}, 8, 1, 32)  # head dim 8
+    part = build("pos", {"name": "rope", "pairing": "half", "fraction": 0.5}, 16, 1, 32)  # head dim 16, 8 rotate
+    x = torch.randn(2, 1, 5, 16)
+    got = part.rotate(x, 4)
+    torch.testing.assert_close(got[..., :8], full.rotate(x[..., :8], 4))  # RoPE of dim 8 on the first 8
+    assert torch.equal(got[..., 8:], x[..., 8:])
+    with pytest.raises(Exception, match="pos.fraction"):
+        build("pos", {"name": "rope", "fraction": 0.1}, 8, 1, 32)
+
+
+@pytest.mark.parametrize("name", ["rope", "sinusoidal"])
+def test_tables_are_exact_in_float64_after_model_double(name):
+    pe = build("pos", name, 16, 2, 64).double()
+    pos = torch.arange(64, dtype=torch.float64)[:, None]
+    if name == "sinusoidal":
+        inv = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+        got = pe.embed(torch.zeros(1, 64, 16, dtype=torch.float64))[0]
+        torch.testing.assert_close(got[:, 0::2], torch.sin(pos * inv), rtol=0, atol=1e-15)
+    else:
+        inv = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+        torch.testing.assert_close(pe.cos[:, 0::2], torch.cos(pos * inv), rtol=0, atol=1e-15)
+    assert pe.float().embed(torch.zeros(1, 3, 16)).dtype == torch.float32  # and back
+
+
+def test_rope_angles_in_float32_are_llamas_own_arithmetic():
+    """angles=float32: inverse frequencies, angles and cos/sin computed in float32, as Meta's and HF's Llama."""
+    rope = build("pos", {"name": "rope", "pairing": "half", "angles": "float32"}, 16, 2, 64).double()
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    ang = torch.arange(64)[:, None].float() * inv
+    assert torch.equal(rope.cos[:, :4], ang.cos().double())
+
+
+@pytest.mark.parametrize("name", ["rope", "sinusoidal", "learned"])
+def test_per_row_positions_select_each_rows_own_table_rows(name):
+    pe = build("pos", name, 16, 2, 32)
+    positions = torch.tensor([[0, 0, 0, 1, 2], [3, 4, 5, 6, 7]])
+    if name == "rope":
+        t = torch.randn(2, 2, 5, 8)
+        got = pe.rotate(t, positions=positions)
+        torch.testing.assert_close(got[1], pe.rotate(t[1:], 3)[0])
+        torch.testing.assert_close(got[0, :, 2:], pe.rotate(t[:1, :, 2:], 0)[0])
+    else:
+        x = torch.randn(2, 5, 16)
+        got = pe.embed(x, positions=positions)
+        torch.testing.assert_close(got[1], pe.embed(x[1:], 3)[0])
+        torch.testing.assert_close(got[0, 2:], pe.embed(x[:1, 2:], 0)[0])

@@ -10,8 +10,23 @@ al. 2017) with one fused QKV projection for self-attention and a fused KV
 projection for cross-attention. Masks:
 
 * ``causal``   -- query i sees keys <= i (offset by the cache length when decoding);
-* ``key_mask`` -- (B, Tk) bool, True at real keys: padding is never attended to;
+* ``key_mask`` -- (B, T) bool, True at real tokens: padding is never attended to. A decoding
+  cache keeps the mask of every position it holds, so a left-padded prompt's padding stays
+  masked in every later step (which then passes no mask: its tokens are real);
 * cross-attention -- keys and values come from ``memory`` (the encoder output).
+
+``positions`` (B, T), when given, are the rows' own positions (a left-padded
+batch), passed to the positional scheme; the causal mask is over cache slots,
+which left padding does not change. A query whose every key is masked (a causal
+pad before its row's first real token) attends to itself alone, so no NaN is
+ever produced, even in padding that nothing reads; every other query is
+untouched.
+
+``gqa`` (Ainslie et al. 2023) shares each key/value head between n_heads /
+n_kv_heads query heads; ``mqa`` (Shazeer 2019) is its one-key/value-head case.
+Its cache holds only the n_kv_heads heads it computes (the point of GQA:
+n_kv_heads / n_heads of MHA's cache memory). Every variant takes ``head_dim``
+apart from d_model / n_heads (Gemma, some Llama-family checkpoints).
 
 With no padding and no bias, the causal case goes to SDPA's ``is_causal`` fast
 path (flash / memory-efficient kernels); otherwise one boolean or additive
@@ -28,13 +43,15 @@ from modforge.registry import ConfigError, declare, register
 
 
 class Attention(nn.Module):
-    """Base class of kind ``attention``: built as ``cls(cfg, d_model, n_heads, cross=False)``.
+    """Base class of kind ``attention``: built as ``cls(cfg, d_model, n_heads, cross=False)`` (plus ``head_dim=``
+    when the model sets one apart from d_model / n_heads).
 
-    Called as ``attn(x, pos=, causal=, key_mask=, memory=, cache=)`` on (B, T, d_model):
+    Called as ``attn(x, pos=, causal=, key_mask=, memory=, cache=, positions=)`` on (B, T, d_model):
     self-attention (``pos`` is the stack's positional scheme: ``pos.rotate`` for
     queries and keys, ``pos.attn_bias`` as an additive bias), or cross-attention
     over ``memory`` when built with ``cross=True``. ``key_mask`` (B, Tk) is True
-    at real keys. ``cache`` is what :meth:`new_cache` returned, or None.
+    at real keys. ``cache`` is what :meth:`new_cache` returned, or None. ``positions`` (B, T) are per-row
+    positions for ``pos`` (None: offset + 0..T-1 in every row); passed only when given.
     """
 
     def new_cache(self, capacity: int):
@@ -60,19 +77,28 @@ class KVCache:
         self.k: Optional[torch.Tensor] = None
         self.v: Optional[torch.Tensor] = None
         self.length = 0
+        self.real: Optional[torch.Tensor] = None  # (B, capacity) bool, True at real keys; None: all real so far
         self._spare: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # beam search's second buffer
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor, real: Optional[torch.Tensor] = None
+               ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Append T positions (k, v: (B, H, T, D); ``real`` (B, T) True at real tokens, None: all real) ->
+        every key, value and key mask held so far (the mask None while no padding was ever appended)."""
         B, H, T, D = k.shape
         if self.k is None:
             self.k = k.new_empty(B, H, self.capacity, D)
             self.v = v.new_empty(B, H, self.capacity, D)
         if self.length + T > self.capacity:
             raise ValueError(f"KV cache full: {self.length} + {T} > capacity {self.capacity} (model.max_len)")
-        self.k[:, :, self.length : self.length + T] = k
-        self.v[:, :, self.length : self.length + T] = v
-        self.length += T
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+        end = self.length + T
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        if real is not None and self.real is None:
+            self.real = torch.ones(B, self.capacity, dtype=torch.bool, device=k.device)
+        if self.real is not None:
+            self.real[:, self.length : end] = True if real is None else real
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end], (self.real[:, :end] if self.real is not None else None)
 
     def set(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k, self.v, self.length = k, v, k.shape[-2]
@@ -86,6 +112,8 @@ class KVCache:
         search (batch -> batch x beams) allocates that buffer at the new size."""
         if self.k is None:
             return
+        if self.real is not None:
+            self.real = self.real.index_select(0, index)
         n = self.length
         if n == self.k.shape[2]:  # full, or a cross-attention cache: no room to keep
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
@@ -112,7 +140,12 @@ def build_mask(
         allowed = (torch.arange(tk, device=device)[None, :] <= q_pos)[None, None]  # (1,1,tq,tk)
     if key_mask is not None:
         km = key_mask[:, None, None, :tk]  # (B,1,1,tk)
-        allowed = km if allowed is None else allowed & km
+        if allowed is None:
+            allowed = km
+        else:  # causal and padded: a pad before its row's first real token would see no key at all
+            allowed = allowed & km
+            own = torch.arange(tk, device=device)[None, :] == torch.arange(offset, offset + tq, device=device)[:, None]
+            allowed = allowed | (own & ~allowed.any(-1, keepdim=True))  # such a query sees itself (never NaN)
     if bias is None:
         return allowed
     bias = bias.to(dtype)[None] if bias.dim() == 3 else bias.to(dtype)
@@ -123,7 +156,10 @@ def build_mask(
 
 @register("attention", "mha")
 class MultiHeadAttention(Attention):
-    """Multi-head scaled dot-product attention (self or cross), cached in a preallocated :class:`KVCache`."""
+    """Multi-head scaled dot-product attention (self or cross), cached in a preallocated :class:`KVCache`.
+
+    Queries, keys and values come from one fused projection (keys and values from one, in cross-attention);
+    :meth:`kv_heads` is how many key/value heads it computes (all ``n_heads`` here; fewer in ``gqa``)."""
 
     @dataclass
     class Config:
@@ -134,26 +170,34 @@ class MultiHeadAttention(Attention):
             if not 0.0 <= self.dropout < 1.0:
                 raise ConfigError(f"attention.dropout={self.dropout}: must be in [0, 1)")
 
-    def __init__(self, cfg: Config, d_model: int, n_heads: int, *, cross: bool = False):
+    def __init__(self, cfg: Config, d_model: int, n_heads: int, *, cross: bool = False,
+                 head_dim: Optional[int] = None):
         super().__init__()
-        if d_model % n_heads:
-            raise ConfigError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads}")
-        self.n_heads, self.d_head, self.cross = n_heads, d_model // n_heads, cross
+        if head_dim is None and d_model % n_heads:
+            raise ConfigError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads} "
+                              "(or set model.head_dim)")
+        self.n_heads, self.d_head, self.cross = n_heads, head_dim or d_model // n_heads, cross
+        self.n_kv = self.kv_heads(cfg, n_heads)
         self.dropout = cfg.dropout
+        q_dim, kv_dim = n_heads * self.d_head, self.n_kv * self.d_head
         if cross:
-            self.q = nn.Linear(d_model, d_model, bias=cfg.bias)
-            self.kv = nn.Linear(d_model, 2 * d_model, bias=cfg.bias)
+            self.q = nn.Linear(d_model, q_dim, bias=cfg.bias)
+            self.kv = nn.Linear(d_model, 2 * kv_dim, bias=cfg.bias)
         else:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=cfg.bias)
-        self.out = nn.Linear(d_model, d_model, bias=cfg.bias)
+            self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=cfg.bias)
+        self.out = nn.Linear(q_dim, d_model, bias=cfg.bias)
         self.out.residual_out = True  # writes into the residual stream (scaled init, see models.blocks)
+
+    def kv_heads(self, cfg, n_heads: int) -> int:
+        return n_heads
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(capacity)
 
-    def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        B, T, _ = t.shape  # (B, T, n*d) -> n tensors (B, H, T, d_head)
-        return t.view(B, T, n, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+    def _split(self, t: torch.Tensor, *heads: int) -> list[torch.Tensor]:
+        """(B, T, sum(heads) * d_head) -> one (B, h, T, d_head) tensor per entry of ``heads``."""
+        B, T, _ = t.shape
+        return list(t.view(B, T, -1, self.d_head).transpose(1, 2).split(list(heads), dim=1))
 
     def forward(
         self,
@@ -164,39 +208,81 @@ class MultiHeadAttention(Attention):
         key_mask: Optional[torch.Tensor] = None,
         memory: Optional[torch.Tensor] = None,
         cache: Optional[KVCache] = None,
+        positions: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
+        H, Hkv = self.n_heads, self.n_kv
         offset = 0
         bias = None
         if self.cross:
-            q = self._heads(self.q(x), 1)[0]
+            q = self._split(self.q(x), H)[0]
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
-                k, v = self._heads(self.kv(memory), 2)
+                k, v = self._split(self.kv(memory), Hkv, Hkv)
                 if cache is not None:
                     cache.set(k, v)
         else:
-            qkv = self._heads(self.qkv(x), 3)
-            q, k, v = qkv.unbind(0)
+            qkv = self.qkv(x)
             if cache is not None:
                 offset = cache.length
+            if H == Hkv:  # one view (3, B, H, T, d): queries and keys rotated in one call when no gradient
+                qkv = qkv.view(B, T, 3, H, self.d_head).permute(2, 0, 3, 1, 4)
+                q, k, v = qkv.unbind(0)
+            else:
+                q, k, v = self._split(qkv, H, Hkv, Hkv)
             if pos is not None:
-                if torch.is_grad_enabled():  # separate calls: the backward of a slice would zero-fill a copy
-                    q, k = pos.rotate(q, offset), pos.rotate(k, offset)
-                else:  # queries and keys in one call (a view of both): half the ops of a decoding step
-                    q, k = pos.rotate(qkv[:2], offset).unbind(0)
+                at = {} if positions is None else {"positions": positions}
+                if H == Hkv and not torch.is_grad_enabled():  # (with grad: the backward of a slice zero-fills a copy)
+                    q, k = pos.rotate(qkv[:2], offset, **at).unbind(0)
+                else:
+                    q, k = pos.rotate(q, offset, **at), pos.rotate(k, offset, **at)
                 bias = pos.attn_bias(T, offset + T, offset)
             if cache is not None:
-                k, v = cache.append(k, v)
+                k, v, key_mask = cache.append(k, v, key_mask)
         tk = k.shape[-2]
         dropout = self.dropout if self.training else 0.0
+        gqa = {"enable_gqa": True} if Hkv != H else {}
         if key_mask is None and bias is None and (not causal or offset == 0 or T == 1):
             # fast path: SDPA's own causal flag (top-left aligned, exact when offset == 0;
             # a single cached query sees every key, so no mask at all)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and T > 1)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and T > 1, **gqa)
         else:
             mask = build_mask(B, T, tk, causal=causal, offset=offset, key_mask=key_mask, bias=bias,
                               device=x.device, dtype=q.dtype)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, **gqa)
+        return self.out(y.transpose(1, 2).reshape(B, T, H * self.d_head))
+
+
+@dataclass
+class GroupedConfig(MultiHeadAttention.Config):
+    n_kv_heads: int = 2  # key/value heads, each shared by n_heads / n_kv_heads query heads
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.n_kv_heads < 1:
+            raise ConfigError(f"attention.n_kv_heads={self.n_kv_heads}: must be >= 1")
+
+
+@dataclass
+class MultiQueryConfig(GroupedConfig):
+    n_kv_heads: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.n_kv_heads != 1:
+            raise ConfigError(f"attention.n_kv_heads={self.n_kv_heads}: attention=mqa has one key/value head; "
+                              "for more, use attention=gqa")
+
+
+@register("attention", "gqa", config=GroupedConfig)
+@register("attention", "mqa", config=MultiQueryConfig)
+class GroupedQueryAttention(MultiHeadAttention):
+    """Grouped-query attention: ``n_kv_heads`` key/value heads, each serving a group of n_heads / n_kv_heads
+    query heads (SDPA's ``enable_gqa``: the shared heads are never copied out). ``mqa``: one key/value head.
+    Its cache holds the n_kv_heads heads only. With n_kv_heads == n_heads it computes what ``mha`` does."""
+
+    def kv_heads(self, cfg: GroupedConfig, n_heads: int) -> int:
+        if n_heads % cfg.n_kv_heads:
+            raise ConfigError(f"attention.n_kv_heads={cfg.n_kv_heads} must divide model.n_heads={n_heads}")
+        return cfg.n_kv_heads

@@ -122,8 +122,9 @@ class RMSNorm(Norm):
                     and not torch.compiler.is_compiling():  # compiled, inductor derives and fuses the backward
                 return _RMSNormInside.apply(x, self.weight, self.eps)
             return _rms_inside(x, self.weight, self.eps)[0]  # the same formula, without autograd's bookkeeping
-        rms = x.float().pow(2).mean(-1, keepdim=True).sqrt()
-        return (x.float() / (rms + self.eps)).type_as(x) * self.weight
+        xf = x if x.dtype in (torch.float32, torch.float64) else x.float()  # float64 stays float64
+        rms = xf.pow(2).mean(-1, keepdim=True).sqrt()
+        return (xf / (rms + self.eps)).type_as(x) * self.weight
 
 
 @register("norm", "batch")

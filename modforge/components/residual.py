@@ -1,12 +1,15 @@
 """Residual connections (kind ``residual``): where the norm sits around a sub-layer F.
 
-* ``post`` -- x <- N(x + F(x)), the original Transformer (Post-LN); no final norm.
+* ``post`` -- x <- N(x + F(x)), the original Transformer (Post-LN); no final norm by
+  default (``residual.final_norm=true`` adds one, as ``torch.nn.Transformer`` has).
 * ``pre``  -- x <- x + F(N(x)) (Pre-LN, GPT-2 onwards); the stack ends with one
   final norm, because the residual stream itself is never normalised.
 
-A style declares ``final_norm`` and the stack asks for it; nothing compares names.
+Each style's ``final_norm`` option says whether the stack ends with a norm, and the
+stack asks the built residual for it; nothing compares names.
 Dropout is applied to F's output before the addition (the paper's residual dropout).
 """
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -19,10 +22,11 @@ class Residual(nn.Module):
     """Base class of kind ``residual``: built as ``cls(cfg, norm, dropout)``, called as ``r(x, sublayer, mask)``;
     wraps one sub-layer with its norm and residual dropout."""
 
-    final_norm: bool = False  # does a stack of these blocks need a norm after its last block?
+    final_norm: bool = False  # does a stack of these blocks end with a norm after its last block?
 
     def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
         super().__init__()
+        self.final_norm = getattr(cfg, "final_norm", type(self).final_norm)
         self.norm = norm
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # p=0 would still copy when compiled
 
@@ -38,7 +42,9 @@ declare("residual", "where the norm sits around each sub-layer", base=Residual, 
 class PostNorm(Residual):
     """x <- N(x + F(x))"""
 
-    final_norm = False
+    @dataclass
+    class Config:
+        final_norm: bool = False  # a norm after the last block (torch.nn.Transformer's encoder/decoder norm)
 
     def forward(self, x, sublayer, mask=None):
         return self.norm(x + self.drop(sublayer(x)), mask)
@@ -48,7 +54,9 @@ class PostNorm(Residual):
 class PreNorm(Residual):
     """x <- x + F(N(x)), plus a final norm after the stack"""
 
-    final_norm = True
+    @dataclass
+    class Config:
+        final_norm: bool = True  # the stream is never normalised inside the stack: off only to study that
 
     def forward(self, x, sublayer, mask=None):
         return x + self.drop(sublayer(self.norm(x, mask)))

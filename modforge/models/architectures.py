@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from modforge.components.positions import PositionalScheme
-from modforge.models.blocks import Embedder, Parts, Stack, init_weights
+from modforge.models.blocks import Embedder, Parts, Stack, head_dim_kw, init_weights
 from modforge.registry import ConfigError, build, declare, register
 
 
@@ -26,13 +26,24 @@ class ModelConfig:
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (the paper)
     init_std: float = 0.02
     scaled_residual_init: bool = True  # residual-output projections get init_std / sqrt(2 n_layers) (GPT-2)
+    head_dim: Optional[int] = None  # per attention head; None = d_model / n_heads
+    embed_norm: bool = False  # a norm (of the norm group) on the summed embeddings (BERT)
+    type_vocab_size: int = 0  # token-type (segment) embeddings added to the tokens' (BERT: 2); 0 = none
+    head_transform: bool = False  # before the output projection: Linear(d, d), head_activation, a norm (BERT's MLM)
+    head_activation: str = "gelu"  # of the head transform
+    head_bias: bool = False  # a bias on the output projection (BERT's MLM decoder)
 
     def __post_init__(self):
         for key in ("d_model", "n_heads", "n_layers", "max_len"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if self.head_dim is not None and self.head_dim < 1:
+            raise ConfigError(f"model.head_dim={self.head_dim}: must be >= 1 (or null: d_model / n_heads)")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads} "
+                              "(or set model.head_dim)")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"model.type_vocab_size={self.type_vocab_size}: must be >= 0 (0: no token types)")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
         if self.d_ff is not None and self.d_ff < 1:
@@ -70,13 +81,18 @@ class Model(nn.Module):
     can_generate = False
     needs_source = False
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, parts: Optional[Parts] = None):
         super().__init__()
         if vocab_size < 1:
             raise ConfigError(f"vocab_size={vocab_size}: the data module must set a vocabulary")
         self.cfg, self.vocab_size = cfg, vocab_size
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.head_transform = HeadTransform(cfg, parts) if cfg.head_transform else None
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=cfg.head_bias)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, T, d_model) -> logits (B, T, V): the head transform if any, then the projection."""
+        return self.head(self.head_transform(h) if self.head_transform is not None else h)
 
     def _finish(self, n_layers: int) -> None:
         init_weights(self, self.cfg.init_std, n_layers if self.cfg.scaled_residual_init else 0)
@@ -85,7 +101,15 @@ class Model(nn.Module):
 
     def _embedder(self, parts: Parts) -> Embedder:
         c = self.cfg
-        return Embedder(self.tok, build("pos", parts.pos, c.d_model, c.n_heads, c.max_len), c.dropout, c.scale_embeddings)
+        pos = build("pos", parts.pos, c.d_model, c.n_heads, c.max_len, **head_dim_kw(c.head_dim))
+        types = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        norm = build("norm", parts.norm, c.d_model) if c.embed_norm else None
+        return Embedder(self.tok, pos, c.dropout, c.scale_embeddings, types, norm)
+
+    def _stack(self, parts: Parts, n_layers: int, *, causal: bool, cross: bool = False) -> Stack:
+        c = self.cfg
+        return Stack(parts, n_layers, c.d_model, c.n_heads, c.ff, c.dropout, causal=causal, cross=cross,
+                     head_dim=c.head_dim)
 
     def extend_positions(self, n: int) -> None:
         """Let the model run sequences of ``n`` positions (its positional schemes extended; the KV cache's
@@ -105,6 +129,21 @@ class Model(nn.Module):
 declare("model", "architecture (and, through it, its default task)", base=Model, default="decoder_only")
 
 
+class HeadTransform(nn.Module):
+    """norm(act(x W + b)) before the output projection: BERT's masked-LM head (``model.head_transform``)."""
+
+    def __init__(self, cfg: ModelConfig, parts: Optional[Parts]):
+        super().__init__()
+        if parts is None:
+            raise ConfigError("model.head_transform needs the model's parts (its norm)")
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.act = build("activation", cfg.head_activation)
+        self.norm = build("norm", parts.norm, cfg.d_model)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(h)))
+
+
 @register("model", "decoder_only", config=ModelConfig, defaults={"task": "causal_lm"})
 class DecoderOnly(Model):
     """GPT-style causal language model."""
@@ -112,16 +151,18 @@ class DecoderOnly(Model):
     can_generate = True
 
     def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
-        super().__init__(cfg, vocab_size)
+        super().__init__(cfg, vocab_size, parts)
         self.embed = self._embedder(parts)
-        self.decoder = Stack(parts, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=True)
+        self.decoder = self._stack(parts, cfg.n_layers, causal=True)
         self._finish(cfg.n_layers)
 
     def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None, cache: Optional[list] = None,
-                offset: int = 0) -> torch.Tensor:
-        """idx (B, T) -> logits (B, T, V). ``mask`` (B, T) True at real tokens; ``cache`` from :meth:`new_cache`."""
-        x = self.embed(idx, offset)
-        return self.head(self.decoder(x, pos=self.embed.pos, mask=mask, cache=cache))
+                offset: int = 0, positions: Optional[torch.Tensor] = None,
+                token_types: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx (B, T) -> logits (B, T, V). ``mask`` (B, T) True at real tokens; ``cache`` from :meth:`new_cache`;
+        ``positions`` (B, T) each row's positions (a left-padded batch), else offset + 0..T-1."""
+        x = self.embed(idx, offset, positions, token_types)
+        return self.logits(self.decoder(x, pos=self.embed.pos, mask=mask, cache=cache, positions=positions))
 
     def new_cache(self, capacity: Optional[int] = None) -> list:
         return self.decoder.new_cache(capacity or self.cfg.max_len)
@@ -134,17 +175,19 @@ class EncoderOnly(Model):
     has_encoder = True
 
     def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
-        super().__init__(cfg, vocab_size)
+        super().__init__(cfg, vocab_size, parts)
         self.embed = self._embedder(parts)
-        self.encoder = Stack(parts, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=False)
+        self.encoder = self._stack(parts, cfg.n_layers, causal=False)
         self._finish(cfg.n_layers)
 
-    def encode(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """idx (B, T) -> hidden states (B, T, d_model)."""
-        return self.encoder(self.embed(idx), pos=self.embed.pos, mask=mask)
+    def encode(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None,
+               token_types: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx (B, T) -> hidden states (B, T, d_model); ``token_types`` (B, T) when the model has them."""
+        return self.encoder(self.embed(idx, token_types=token_types), pos=self.embed.pos, mask=mask)
 
-    def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.head(self.encode(idx, mask))
+    def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                token_types: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.logits(self.encode(idx, mask, token_types))
 
 
 @register("model", "encoder_decoder", config=EncoderDecoderConfig, defaults={"task": "seq2seq"})
@@ -161,12 +204,12 @@ class EncoderDecoder(Model):
     needs_source = True
 
     def __init__(self, cfg: EncoderDecoderConfig, parts: Parts, vocab_size: int):
-        super().__init__(cfg, vocab_size)
+        super().__init__(cfg, vocab_size, parts)
         enc_n, dec_n = cfg.enc_layers or cfg.n_layers, cfg.dec_layers or cfg.n_layers
         self.src_embed = self._embedder(parts)
         self.tgt_embed = self._embedder(parts)
-        self.encoder = Stack(parts, enc_n, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=False)
-        self.decoder = Stack(parts, dec_n, cfg.d_model, cfg.n_heads, cfg.ff, cfg.dropout, causal=True, cross=True)
+        self.encoder = self._stack(parts, enc_n, causal=False)
+        self.decoder = self._stack(parts, dec_n, causal=True, cross=True)
         self._finish(max(enc_n, dec_n))
 
     def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -177,7 +220,7 @@ class EncoderDecoder(Model):
         """Teacher-forced (or cached, step by step) decoding: -> logits (B, T, V)."""
         x = self.tgt_embed(tgt, offset)
         h = self.decoder(x, pos=self.tgt_embed.pos, mask=tgt_mask, memory=memory, memory_mask=src_mask, cache=cache)
-        return self.head(h)
+        return self.logits(h)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None) -> torch.Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from modforge.registry import ConfigError, build, kind, part_kinds, resolve, suggest
+from modforge.registry import ConfigError, build, kind, part_kinds, suggest
 
 
 class Parts:
@@ -44,30 +44,38 @@ class Parts:
         return cls(**{k: cfg[k] for k in part_kinds() if k in cfg})
 
 
+def head_dim_kw(head_dim: Optional[int]) -> dict:
+    """``head_dim=`` for attention and positions only when the model sets one (a plugin written before the
+    option existed keeps working in every model that does not)."""
+    return {} if head_dim is None else {"head_dim": head_dim}
+
+
 class Block(nn.Module):
     """Self-attention (causal or not), optional cross-attention, feed-forward; each in a residual."""
 
     def __init__(self, parts: Parts, d_model: int, n_heads: int, d_ff: int, dropout: float,
-                 *, causal: bool, cross: bool = False):
+                 *, causal: bool, cross: bool = False, head_dim: Optional[int] = None):
         super().__init__()
         self.causal = causal
 
         def residual() -> nn.Module:
             return build("residual", parts.residual, build("norm", parts.norm, d_model), dropout)
 
-        self.self_attn = build("attention", parts.attention, d_model, n_heads)
+        self.self_attn = build("attention", parts.attention, d_model, n_heads, **head_dim_kw(head_dim))
         self.r_self = residual()
-        self.cross_attn = build("attention", parts.attention, d_model, n_heads, cross=True) if cross else None
+        self.cross_attn = (build("attention", parts.attention, d_model, n_heads, cross=True, **head_dim_kw(head_dim))
+                           if cross else None)
         self.r_cross = residual() if cross else None
         self.ffn = build("ffn", parts.ffn, d_model, d_ff)
         self.r_ffn = residual()
 
     def forward(self, x: torch.Tensor, *, pos, mask: Optional[torch.Tensor] = None,
                 memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
-                cache: Optional[dict] = None) -> torch.Tensor:
+                cache: Optional[dict] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         cache = cache or {}
+        at = {} if positions is None else {"positions": positions}
         x = self.r_self(x, lambda h: self.self_attn(h, pos=pos, causal=self.causal, key_mask=mask,
-                                                   cache=cache.get("self")), mask)
+                                                   cache=cache.get("self"), **at), mask)
         if self.cross_attn is not None:
             x = self.r_cross(x, lambda h: self.cross_attn(h, key_mask=memory_mask, memory=memory,
                                                          cache=cache.get("cross")), mask)
@@ -78,13 +86,14 @@ class Stack(nn.Module):
     """N blocks, then a final norm if the residual style asks for one."""
 
     def __init__(self, parts: Parts, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float,
-                 *, causal: bool, cross: bool = False):
+                 *, causal: bool, cross: bool = False, head_dim: Optional[int] = None):
         super().__init__()
         self.blocks = nn.ModuleList(
-            Block(parts, d_model, n_heads, d_ff, dropout, causal=causal, cross=cross) for _ in range(n_layers)
+            Block(parts, d_model, n_heads, d_ff, dropout, causal=causal, cross=cross, head_dim=head_dim)
+            for _ in range(n_layers)
         )
         self.cross = cross
-        self.final_norm = build("norm", parts.norm, d_model) if resolve("residual", parts.residual).final_norm else None
+        self.final_norm = build("norm", parts.norm, d_model) if self.blocks[-1].r_ffn.final_norm else None
 
     def new_cache(self, capacity: int) -> list[dict]:
         """One dict per layer: the caches its attentions made (``self``, and ``cross`` in a decoder with cross-attention)."""
@@ -94,27 +103,35 @@ class Stack(nn.Module):
         ]
 
     def forward(self, x: torch.Tensor, *, pos, mask=None, memory=None, memory_mask=None,
-                cache: Optional[list] = None) -> torch.Tensor:
+                cache: Optional[list] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         for i, block in enumerate(self.blocks):
             x = block(x, pos=pos, mask=mask, memory=memory, memory_mask=memory_mask,
-                      cache=cache[i] if cache is not None else None)
+                      cache=cache[i] if cache is not None else None, positions=positions)
         return self.final_norm(x, mask) if self.final_norm is not None else x
 
 
 class Embedder(nn.Module):
-    """Token embedding (optionally scaled by sqrt(d_model), as in the paper), positions, dropout."""
+    """Token embedding (optionally scaled by sqrt(d_model), as in the paper), positions, token types (BERT's
+    segments, when the model has them), a norm (BERT's embedding LayerNorm, when asked), dropout."""
 
-    def __init__(self, tokens: nn.Embedding, pos: nn.Module, dropout: float, scale: bool):
+    def __init__(self, tokens: nn.Embedding, pos: nn.Module, dropout: float, scale: bool,
+                 types: Optional[nn.Embedding] = None, norm: Optional[nn.Module] = None):
         super().__init__()
-        self.tokens, self.pos = tokens, pos
+        self.tokens, self.pos, self.types, self.norm = tokens, pos, types, norm
         self.scale = tokens.embedding_dim ** 0.5 if scale else 1.0
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # p=0 would still copy when compiled
 
-    def forward(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, offset: int = 0, positions: Optional[torch.Tensor] = None,
+                token_types: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.tokens(idx)
         if self.scale != 1.0:
             x = x * self.scale
-        return self.drop(self.pos.embed(x, offset))
+        if self.types is not None:  # no types given: every token is of type 0 (BERT's default)
+            x = x + (self.types(token_types) if token_types is not None else self.types.weight[0])
+        x = self.pos.embed(x, offset) if positions is None else self.pos.embed(x, offset, positions=positions)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
 
 
 def init_weights(model: nn.Module, std: float, n_layers: int = 0) -> None:
