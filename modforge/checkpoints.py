@@ -11,7 +11,7 @@ else (a pickled object whose loading would run code) is refused in one line.
 """
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from modforge.registry import ConfigError
 
@@ -66,6 +66,9 @@ def load_checkpoint(path: str, map_location: str = "cpu", key: str = "ckpt"):
     facts = DataFacts.from_state(facts_state(ckpt))
     entry, task_cfg = make_config("task", hp["run_cfg"]["task"])
     task = entry.cls(task_cfg, hp["run_cfg"], facts)
+    dtypes = {v.dtype for v in ckpt["state_dict"].values() if v.is_floating_point()}
+    if len(dtypes) == 1:  # weights in one dtype (float64 from convert dtype=float64, bf16 from bf16-true): kept
+        task.to(dtypes.pop())
     task.load_state_dict(ckpt["state_dict"])
     task.tokens_seen = int(ckpt.get("tokens_seen", 0))
     return task.eval()
@@ -90,3 +93,68 @@ def _facts_of_old_checkpoint(hp: dict) -> dict:
     except (ConfigError, KeyError):  # e.g. its data plugin is not installed here
         positions = model_len
     return {"tokenizer": state, "positions": positions, "tokens_per_char": None, "labels": meta.get("labels")}
+
+
+# ------------------------------------------------------------------------------------------------- init_from
+
+def init_config(cfg: Any, ckpt: dict, user_keys: Optional[list]) -> Any:
+    """The config of a run started from a checkpoint's weights (``init_from=``): the checkpoint's architecture
+    (its model, task and parts), with this command line's own model/task/part overrides on top. A group switched
+    on the command line (``norm=rms``) is that option as composed; a key set (``model.dropout=0.1``) changes
+    only that key of the checkpoint's. Data, optimizer, schedule and trainer are the command line's.
+    ``user_keys`` None (a config composed in-process): the checkpoint's groups as they are."""
+    from omegaconf import OmegaConf, open_dict
+
+    from modforge.registry import part_kinds
+
+    saved = ckpt["hyper_parameters"]["run_cfg"]
+    keys = user_keys or []
+    merged = cfg.copy()
+    with open_dict(merged):
+        for group in ("model", "task", *part_kinds()):
+            if group not in saved or group in keys:
+                continue
+            node = OmegaConf.create(saved[group])
+            for key in keys:
+                if key.startswith(group + "."):
+                    OmegaConf.update(node, key[len(group) + 1:], OmegaConf.select(cfg, key), merge=False)
+            merged[group] = node
+    return merged
+
+
+def tied_names(state: dict) -> dict:
+    """{name: the name it shares storage with}: safetensors refuses shared tensors, so each is stored once."""
+    seen: dict = {}
+    shared = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            shared[name] = seen[key]
+        else:
+            seen[key] = name
+    return shared
+
+
+def load_matching(model: Any, ckpt: dict) -> dict:
+    """Copy into ``model`` every tensor of the checkpoint whose name and shape match; -> what was ``loaded``,
+    what is ``new`` (left to its component's own initialisation), what was ``dropped`` (in the checkpoint only),
+    and ``reshaped`` (a name in both, another shape: new here and dropped there). A tensor several names share
+    (a tied head) counts once, under its first name."""
+    theirs = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    theirs_alias = tied_names(theirs)
+    ours = model.state_dict()
+    ours_alias = tied_names(ours)
+    take, new, reshaped = {}, [], []
+    for name, t in ours.items():
+        if name in ours_alias:
+            continue
+        got = theirs.get(name)
+        if got is not None and got.shape == t.shape:
+            take[name] = got.to(t.dtype)
+        else:
+            new.append(name)
+            if got is not None:
+                reshaped.append(name)
+    model.load_state_dict(take, strict=False)
+    dropped = [k for k in theirs if k not in take and k not in theirs_alias]
+    return {"loaded": list(take), "new": new, "dropped": dropped, "reshaped": reshaped}

@@ -19,7 +19,7 @@ _SRC_CONF = Path(__file__).resolve().parent.parent / "conf"  # in a source check
 CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
 
 
-ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
+ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "init_from": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
              "divergence_patience": (int, type(None)), "compile": (bool,), "dry_run": (bool,), "skip_invalid": (bool,),
              "retry_failed": (bool,), "matmul_precision": (str, type(None)), "eval_block_sizes": (list,)}
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null",

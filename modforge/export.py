@@ -8,13 +8,21 @@ Writes two files into ``out``:
                       facts (tokenizer state, positions, tokens per character, labels), plus modforge's version
 
 ``modforge.export.load_exported(out)`` rebuilds the task (model and tokenizer), in eval mode, from those two
-files alone: the counterpart of :func:`modforge.checkpoints.load_checkpoint`. Keys (``key=value``):
+files alone: the counterpart of :func:`modforge.checkpoints.load_checkpoint`.
 
-  ckpt   a checkpoint file or a run directory (its checkpoints/last.ckpt)   (required)
-  out    the directory to write (created; existing model.safetensors / config.json are replaced)  (required)
+With ``format=hf`` it writes a Hugging Face model directory instead (config.json, model.safetensors, and
+tokenizer.json when the model has a pretrained tokenizer), which ``transformers`` loads with
+``from_pretrained`` and which computes the same logits: for models whose configuration is GPT-2's
+(``GPT2LMHeadModel``) or Llama's (``LlamaForCausalLM``, grouped-query attention and RoPE scalings included).
+Anything else is refused in one line naming what does not map. Keys (``key=value``):
 
-Example:
+  ckpt    a checkpoint file or a run directory (its checkpoints/last.ckpt)   (required)
+  out     the directory to write (created; files of the same names are replaced)  (required)
+  format  modforge (default) | hf
+
+Examples:
   python -m modforge.export ckpt=outputs/2026-11-23/14-03-22 out=exported/stdlib-small
+  python -m modforge.export ckpt=outputs/2026-11-24/09-10-11 out=exported/gpt2-rms format=hf
 """
 import json
 from pathlib import Path
@@ -38,7 +46,7 @@ def export(ckpt: Any, out: Any) -> Path:
     hp = read_checkpoint(path, "ckpt")["hyper_parameters"]
     task = load_checkpoint(str(path))
     state = {k: v.detach().contiguous() for k, v in task.model.state_dict().items()}
-    shared = _tied(state)
+    shared = tied_names(state)
     out = Path(str(out)).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / "model.safetensors", "wb") as fh:
@@ -49,17 +57,44 @@ def export(ckpt: Any, out: Any) -> Path:
     return out
 
 
-def _tied(state: dict) -> dict:
-    """{name: the name it shares storage with}: safetensors refuses shared tensors, so each is stored once."""
-    seen: dict = {}
-    shared = {}
-    for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-        if key in seen:
-            shared[name] = seen[key]
-        else:
-            seen[key] = name
-    return shared
+def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
+    """Write a Hugging Face model directory for the checkpoint ``ckpt`` -> (out, the HF architecture, notes)."""
+    from safetensors.torch import save
+
+    from modforge.checkpoints import find_checkpoint, load_checkpoint
+    from modforge.io import atomic_file, write_json
+    from modforge.pretrained import FAMILIES
+
+    task = load_checkpoint(str(find_checkpoint("ckpt", ckpt)))
+    run = task.run_cfg
+    why = {name: FAMILIES[name].mismatch(run) for name in ("gpt2", "llama")}
+    family = next((FAMILIES[n] for n, w in why.items() if w is None), None)
+    if family is None:
+        raise registry.ConfigError(f"format=hf: this model maps onto neither GPT-2 ({why['gpt2']}) nor Llama "
+                                   f"({why['llama']}); export it with format=modforge")
+    model, tok = task.model, task.tokenizer
+    specials = dict(getattr(tok, "specials", {}) or {})
+    if not specials:  # modforge's own tokenizers: the five reserved ids
+        specials = {"pad": tok.pad_id, "bos": tok.bos_id, "eos": tok.eos_id}
+    kw = {"ffn_hidden": model.decoder.blocks[0].ffn.hidden} if family.model_type == "llama" else {}
+    config = family.hf_config(run, model.vocab_size, specials, **kw)
+    dtype = next(model.parameters()).dtype
+    config["torch_dtype"] = str(dtype).replace("torch.", "")
+    state = {k: v.detach().contiguous() for k, v in family.to_theirs(model.state_dict(), run["model"]["n_layers"],
+                                                                      run).items()}
+    out = Path(str(out)).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out / "model.safetensors", "wb") as fh:
+        fh.write(save(state, metadata={"format": "pt"}))
+    write_json(out / "config.json", config, indent=2)
+    notes = []
+    if getattr(tok, "name", "") == "pretrained":
+        with atomic_file(out / "tokenizer.json", "wb") as fh:
+            fh.write(tok.hf.to_str().encode("utf-8"))
+    else:
+        notes.append(f"no tokenizer.json: the model's tokenizer ({tok.name}) is modforge's own, with ids no "
+                     "Hugging Face tokenizer has; ids in, ids out")
+    return out, config["architectures"][0], notes
 
 
 def load_exported(directory: Any, map_location: str = "cpu") -> Any:
@@ -91,11 +126,21 @@ def load_exported(directory: Any, map_location: str = "cpu") -> Any:
 
 def export_command(argv: list) -> None:
     keys = dict(a.split("=", 1) for a in argv if "=" in a)
-    bad = [a for a in argv if "=" not in a] + [k for k in keys if k not in ("ckpt", "out")]
+    bad = [a for a in argv if "=" not in a] + [k for k in keys if k not in ("ckpt", "out", "format")]
     if bad:
-        raise registry.ConfigError(f"'{bad[0]}': expected ckpt=<run dir or .ckpt> and out=<dir> (see --help)")
+        raise registry.ConfigError(f"'{bad[0]}': expected ckpt=<run dir or .ckpt>, out=<dir> and optionally "
+                                   "format=modforge|hf (see --help)")
     if "ckpt" not in keys or "out" not in keys:
         raise registry.ConfigError("both ckpt=<run dir or .ckpt> and out=<dir> are required (see --help)")
+    fmt = keys.get("format", "modforge")
+    if fmt not in ("modforge", "hf"):
+        raise registry.ConfigError(f"format={fmt!r}: allowed values are modforge and hf")
+    if fmt == "hf":
+        out, arch, notes = export_hf(keys["ckpt"], keys["out"])
+        print(f"wrote {out} as {arch}: transformers loads it with from_pretrained({str(out)!r})")
+        for note in notes:
+            print(f"  {note}")
+        return
     out = export(keys["ckpt"], keys["out"])
     print(f"wrote {out / 'model.safetensors'} and {out / 'config.json'}")
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.builtins import load_all
-from modforge.checkpoints import facts_state, find_checkpoint, read_checkpoint
+from modforge.checkpoints import facts_state, find_checkpoint, init_config, load_matching, read_checkpoint
 from modforge.cli import one_line_errors
 from modforge.output import quiet, say
 from modforge.config import (CONF_DIR, ROOT_KEYS, check_callbacks, check_loggers, check_overrides,
@@ -160,6 +160,9 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
 
     if ckpt is None:  # weights only: a file that would run code is refused, in one line
         ckpt = read_checkpoint(resume, "resume")
+    if "converted_from" in ckpt:
+        raise registry.ConfigError(f"resume={resume}: a converted pretrained checkpoint holds weights only (no "
+                                   f"optimizer, no step); fine-tune from it with init_from={resume}")
     saved = ckpt["hyper_parameters"]["run_cfg"]
     groups = [g for g in registry.group_kinds() if g in saved]
     if user_keys is None:
@@ -246,6 +249,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     t_start = time.perf_counter()
     quiet()
     load_all()
+    init = None
+    if cfg.get("init_from") and not cfg.get("resume"):  # the checkpoint's architecture, this command's overrides
+        init = read_checkpoint(find_checkpoint("init_from", cfg.init_from), "init_from")
+        cfg = init_config(cfg, init, user_override_keys())
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
     rank, launch = launched_rank()
@@ -258,7 +265,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
                 with contextlib.suppress(FileNotFoundError):
                     (out_dir / DECISION).unlink()  # an earlier launch's: never followed
             try:
-                return _run_locked(cfg, out_dir, t_start, resume, follower)
+                return _run_locked(cfg, out_dir, t_start, resume, follower, init)
             except BaseException as e:
                 if launch is not None and not follower and not (out_dir / DECISION).exists():
                     announce(out_dir, {"error": (f"{type(e).__name__}: {e}".splitlines() or [""])[0]})
@@ -278,7 +285,8 @@ def _leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional[str], follower: bool) -> dict:
+def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional[str], follower: bool,
+                init: Optional[dict] = None) -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor
     from torch import nn
@@ -340,6 +348,11 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         # the model's own tokenizer: text is read with the ids it was trained on, never refitted
         tokenizer = DataFacts.from_state(facts_state(ckpt)).tokenizer
         del ckpt  # Lightning loads it again for the weights, optimizer and loops
+        init = None  # a run started from other weights continues from its own
+    elif init is not None:  # the pretrained model's tokenizer: the ids its embeddings were trained on
+        from modforge.data.base import DataFacts
+
+        tokenizer = DataFacts.from_state(facts_state(init)).tokenizer
     out_dir.mkdir(parents=True, exist_ok=True)
     if in_place and not follower:
         trim_metrics_csv(out_dir / "logs" / "metrics.csv", ckpt_step)
@@ -360,6 +373,12 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
     check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
     entry, task_cfg = registry.make_config("task", cfg.task)
     task = entry.cls(task_cfg, plain, facts)
+    initialised = None
+    if init is not None:
+        initialised = {"checkpoint": str(find_checkpoint("init_from", cfg.init_from)), **load_matching(task.model, init)}
+        del init
+        if not follower:
+            say_init(initialised)
     if cfg.get("compile"):
         task.model.compile()  # nn.Module.compile: in place, so state-dict keys (checkpoints) stay the same
     n_params = sum(p.numel() for p in task.model.parameters())
@@ -445,6 +464,7 @@ def _run_locked(cfg: DictConfig, out_dir: Path, t_start: float, resume: Optional
         "train_seconds": round(record.train_seconds, 2),
         "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
         "resumed_at_steps": record.resumed_at,
+        **({"init_from": initialised} if initialised else {}),
         "checkpoint": str(last) if (last := out_dir / "checkpoints" / "last.ckpt").exists() else None,
         "config": {g: plain[g].get("name") for g in registry.group_kinds() if g in plain},
         "devices": devices.devices_record(trainer),
@@ -544,6 +564,17 @@ def _val_metrics(results: list) -> dict:
     for r in results or []:
         out.update({k: float(v) for k, v in r.items()})
     return out
+
+
+def say_init(r: dict) -> None:
+    """What ``init_from=`` loaded, exactly: loaded are all the model's tensors not listed as new."""
+    total = len(r["loaded"]) + len(r["new"])
+    say(f"[modforge] init_from={r['checkpoint']}: loaded {len(r['loaded'])} of {total} tensors (name and shape "
+        "matched; all but the new ones)")
+    say(f"  new, initialised by their components: {', '.join(r['new']) or 'none'}")
+    say(f"  dropped, in the checkpoint only: {', '.join(r['dropped']) or 'none'}")
+    if r["reshaped"]:
+        say(f"  of those, another shape here: {', '.join(r['reshaped'])}")
 
 
 def print_summary(m: dict, out_dir: Path) -> None:
