@@ -77,9 +77,15 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     tok = pretrained_tokenizer(Path(str(tokenizer)).expanduser() if tokenizer else d / "tokenizer.json", c, d)
     run_cfg = to_plain(compose(overrides))
     facts = DataFacts(tok, positions=int(run_cfg["model"]["max_len"]))
-    entry, task_cfg = registry.make_config("task", run_cfg["task"])
-    task = entry.cls(task_cfg, run_cfg, facts)
     state, left_out = family.to_ours(read_hf_weights(d), c, int(run_cfg["model"]["n_layers"]))
+    target = next(iter(state.values())).dtype if dtype == "keep" else getattr(torch, dtype)
+    entry, task_cfg = registry.make_config("task", run_cfg["task"])
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(target)  # built in the target precision: the weights and one model in memory, no more
+    try:
+        task = entry.cls(task_cfg, run_cfg, facts)
+    finally:
+        torch.set_default_dtype(default)
     want = task.model.state_dict()
     for alias, name in tied_names(want).items():  # one tensor under several names (a tied head, embed.tokens)
         if name in state:
@@ -92,11 +98,9 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     if bad or missing:
         raise registry.ConfigError(f"hf={hf}: the weights do not fit the model config.json describes: "
                                    f"{'; '.join((bad + [f'{k} missing' for k in missing])[:3])}")
-    task.model.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()})
-    if dtype != "keep":
-        task.model.to(getattr(torch, dtype))
-    else:
-        task.model.to(next(iter(state.values())).dtype)
+    task.model.load_state_dict(state)  # copies, cast to the model's precision
+    del state
+    task.model.to(target)  # also recomputes the position tables from float64 at this precision
     summary = {"hf": str(d), "model_type": family.model_type, "architectures": c.get("architectures"),
                "overrides": overrides, "left_out": left_out,
                "params": sum(p.numel() for p in task.model.parameters()), "dtype": dtype}

@@ -39,7 +39,7 @@ def export(ckpt: Any, out: Any) -> Path:
     from safetensors.torch import save
 
     from modforge import __version__
-    from modforge.checkpoints import facts_state, find_checkpoint, load_checkpoint, read_checkpoint
+    from modforge.checkpoints import facts_state, find_checkpoint, load_checkpoint, read_checkpoint, tied_names
     from modforge.io import atomic_file, write_json
 
     path = find_checkpoint("ckpt", ckpt)

@@ -569,8 +569,8 @@ def _val_metrics(results: list) -> dict:
 def say_init(r: dict) -> None:
     """What ``init_from=`` loaded, exactly: loaded are all the model's tensors not listed as new."""
     total = len(r["loaded"]) + len(r["new"])
-    say(f"[modforge] init_from={r['checkpoint']}: loaded {len(r['loaded'])} of {total} tensors (name and shape "
-        "matched; all but the new ones)")
+    say(f"[modforge] init_from={r['checkpoint']}: loaded {len(r['loaded'])} of the model's {total} tensors "
+        "(same name and shape in the checkpoint)")
     say(f"  new, initialised by their components: {', '.join(r['new']) or 'none'}")
     say(f"  dropped, in the checkpoint only: {', '.join(r['dropped']) or 'none'}")
     if r["reshaped"]:

@@ -187,6 +187,17 @@ def test_conversion_maps_the_families_onto_components(converted):
     assert gpt2.tokenizer.decode(gpt2.tokenizer.encode("the quick fox")) == "the quick fox"
 
 
+def test_conversion_to_bfloat16_builds_the_model_in_bfloat16(hf_dirs, converted, tmp_path):
+    path, _ = convert(hf_dirs["llama"][0], tmp_path / "bf16.ckpt", dtype="bfloat16")
+    task, full = load_checkpoint(str(path)), load_checkpoint(str(converted["llama"]))
+    assert {t.dtype for t in [*task.model.parameters(), *task.model.buffers()] if t.is_floating_point()} == {
+        torch.bfloat16}  # the RoPE tables too
+    idx = torch.tensor([full.tokenizer.encode("the quick brown fox")])
+    with torch.no_grad():
+        a, b = task.model(idx).float(), full.model(idx)
+    assert 0 < (a - b).abs().max() < 0.05 * b.abs().max()  # bfloat16's rounding, no more
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_export_to_hugging_face_loads_and_gives_the_same_logits(hf_dirs, converted, tmp_path, family):
     from modforge.export import main as export_main
@@ -248,7 +259,7 @@ def test_init_from_with_swapped_parts_loads_what_matches_and_trains(converted, t
         + [f"decoder.blocks.{i}.ffn.{w}" for i in layers for w in ("w1.weight", "w1.bias", "w2.weight", "w2.bias")])
     assert {n + ".weight" for n in norms} <= set(init["loaded"])  # gamma kept: same name, same shape
     assert "tok.weight" in init["loaded"] and "embed.pos.table.weight" in init["loaded"]
-    assert f"loaded {len(init['loaded'])} of {len(init['loaded']) + len(init['new'])} tensors" in out
+    assert f"loaded {len(init['loaded'])} of the model's {len(init['loaded']) + len(init['new'])} tensors" in out
     # the architecture is the checkpoint's (d_model 32, 2 layers, learned positions, its tokenizer), not the defaults
     task = load_checkpoint(m["checkpoint"])
     assert task.model.cfg.d_model == 32 and task.model.cfg.n_layers == 2 and task.run_cfg["pos"]["name"] == "learned"
