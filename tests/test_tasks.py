@@ -11,6 +11,7 @@ from conftest import tiny_overrides
 from modforge.config import compose, to_plain
 from modforge.data.examples import collate_pairs
 from modforge.registry import ModforgeError, build, make_config
+from modforge.tasks.base import IGNORE
 from modforge.train import run
 
 
@@ -31,13 +32,32 @@ def test_seq2seq_lm_reads_source_bos_target_and_learns_the_target_only():
     x, y, n = task.joined(b)
     P, B, E = tok.pad_id, tok.bos_id, tok.eos_id
     assert x.tolist() == [[5, 6, 7, B, 8, 9, 10, P, P], [11, 12, 13, 14, B, 14, 13, 12, 11]]
-    assert y.tolist() == [[P, P, P, 8, 9, 10, E, P, P], [P, P, P, P, 14, 13, 12, 11, E]]
+    _ = IGNORE
+    assert y.tolist() == [[_, _, _, 8, 9, 10, E, _, _], [_, _, _, _, 14, 13, 12, 11, E]]
     assert n == 7 + 9
     # the loss is the cross-entropy of the target positions only, computed by hand
     logits, targets, _ = task.teacher_forced(b)
-    keep = targets != P
+    keep = targets != IGNORE
     manual = F.cross_entropy(task.model(x)[keep], targets[keep])
     assert torch.allclose(task.xent(logits, targets, smoothing=0.0), manual)
+
+
+def test_a_pad_that_is_also_bos_and_eos_masks_nothing_real():
+    """GPT-2's tokenizer pads with <|endoftext|>, its <bos> and <eos>: masks come from the lengths and the
+    loss ignores IGNORE, so the target's <eos> is still learnt and <bos> is still read."""
+    task = make_task("model=decoder_only", "task=seq2seq_lm")
+    E = 3
+    task.tokenizer.pad_id = task.tokenizer.bos_id = task.tokenizer.eos_id = E
+    b = collate_pairs(PAIRS[:2], pad=E, bos=E, eos=E)
+    assert b["tgt_mask"].tolist() == [[True] * 4 + [False], [True] * 5] and b["tgt_in"][0, 0] == E
+    assert b["src_mask"].tolist() == [[True] * 3 + [False], [True] * 4]
+    x, y, _ = task.joined(b)
+    assert y[0].tolist() == [IGNORE] * 3 + [8, 9, 10, E] + [IGNORE] * 2 and x[0, 3] == E
+    logits, targets, _ = task.teacher_forced(b)
+    keep = targets != IGNORE
+    assert int(keep.sum()) == 9 and (targets[keep] == E).sum() == 2  # both <eos> targets count
+    assert torch.allclose(task.xent(logits, targets, smoothing=0.0),
+                          F.cross_entropy(logits[keep], targets[keep]))
 
 
 def test_seq2seq_lm_decodes_each_row_as_it_would_alone():

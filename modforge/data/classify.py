@@ -24,7 +24,7 @@ import torch
 from modforge.data.base import LABELS
 from modforge.data.corpus import existing_file, open_text, refuse_binary
 from modforge.data.examples import ExamplesData, collate_labeled, hold_out
-from modforge.data.tokenizers import BOS, TokenizedDataConfig, Tokenizer
+from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer
 from modforge.registry import ConfigError, register
 
 
@@ -168,7 +168,7 @@ class ClassifyData(ExamplesData):
                                   f"examples (labels: {', '.join(labels)}).")
 
         def encode(rows):
-            return [([BOS] + tok.encode(t)[: c.max_len - 1], index[y]) for t, y, _ in rows]
+            return [([tok.bos_id] + tok.encode(t)[: c.max_len - 1], index[y]) for t, y, _ in rows]
 
         train_set, val_set = encode(train), encode(val)
         counts = torch.bincount(torch.tensor([y for _, y in val_set]), minlength=len(labels))

@@ -6,6 +6,8 @@
 * :func:`hold_out`: the seeded validation split when no validation file is given;
 * the collate functions that pad examples into batches.
 """
+import functools
+import inspect
 import random
 from typing import Callable, Optional, Sequence
 
@@ -29,28 +31,42 @@ def hold_out(rows: Sequence, fraction: float, seed: int, what: str, unit: str = 
     return [rows[i] for i in sorted(order[n_val:])], [rows[i] for i in sorted(order[:n_val])]
 
 
-def collate_pairs(batch) -> dict:
+def collate_pairs(batch, pad: int = PAD, bos: int = BOS, eos: int = EOS) -> dict:
     """[(src_ids, tgt_ids)] -> ``src``, ``src_mask`` (B, S); ``tgt_in`` = <bos> + target, ``tgt_out`` =
-    target + <eos>, ``tgt_mask`` (B, T); padded with <pad>, masks True at real tokens."""
+    target + <eos>, ``tgt_mask`` (B, T); padded with <pad>, masks True at real tokens (from the lengths, so a
+    tokenizer whose <pad> is also its <bos> or <eos>, as GPT-2's, is masked right). The ids are the tokenizer's
+    (:func:`with_ids`)."""
     S = max(len(s) for s, _ in batch)
     T = max(len(t) for _, t in batch) + 1
-    src = torch.full((len(batch), S), PAD, dtype=torch.long)
-    tgt_in = torch.full((len(batch), T), PAD, dtype=torch.long)
-    tgt_out = torch.full((len(batch), T), PAD, dtype=torch.long)
+    src = torch.full((len(batch), S), pad, dtype=torch.long)
+    tgt_in = torch.full((len(batch), T), pad, dtype=torch.long)
+    tgt_out = torch.full((len(batch), T), pad, dtype=torch.long)
+    src_len = torch.tensor([len(s) for s, _ in batch])
+    tgt_len = torch.tensor([len(t) + 1 for _, t in batch])
     for i, (s, t) in enumerate(batch):
         src[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + list(t))
-        tgt_out[i, : len(t) + 1] = torch.tensor(list(t) + [EOS])
-    return {"src": src, "src_mask": src != PAD, "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_mask": tgt_in != PAD}
+        tgt_in[i, : len(t) + 1] = torch.tensor([bos] + list(t))
+        tgt_out[i, : len(t) + 1] = torch.tensor(list(t) + [eos])
+    return {"src": src, "src_mask": torch.arange(S) < src_len[:, None], "tgt_in": tgt_in, "tgt_out": tgt_out,
+            "tgt_mask": torch.arange(T) < tgt_len[:, None]}
 
 
-def collate_labeled(batch) -> dict:
+def collate_labeled(batch, pad: int = PAD) -> dict:
     """[(ids, label)] -> ``src`` (B, T) padded with <pad>, ``src_mask`` True at real tokens, ``label`` (B,)."""
     T = max(len(ids) for ids, _ in batch)
-    src = torch.full((len(batch), T), PAD, dtype=torch.long)
+    src = torch.full((len(batch), T), pad, dtype=torch.long)
     for i, (ids, _) in enumerate(batch):
         src[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    return {"src": src, "src_mask": src != PAD, "label": torch.tensor([y for _, y in batch], dtype=torch.long)}
+    lengths = torch.tensor([len(ids) for ids, _ in batch])
+    return {"src": src, "src_mask": torch.arange(T) < lengths[:, None],
+            "label": torch.tensor([y for _, y in batch], dtype=torch.long)}
+
+
+def with_ids(collate: Callable, tok: Tokenizer) -> Callable:
+    """``collate`` with the special ids it takes (``pad``, ``bos``, ``eos``) set to the tokenizer's: a pretrained
+    tokenizer's are its own, not modforge's 0-4."""
+    names = [n for n in inspect.signature(collate).parameters if n in ("pad", "bos", "eos")]
+    return functools.partial(collate, **{n: getattr(tok, f"{n}_id") for n in names})
 
 
 class ExamplesData(DataModule):
@@ -86,10 +102,12 @@ class ExamplesData(DataModule):
 
     def train_dataloader(self) -> DataLoader:
         c = self.cfg
-        return self.train_loader(self.train_set, batch_size=c.batch_size, collate_fn=type(self).collate,
+        return self.train_loader(self.train_set, batch_size=c.batch_size,
+                                 collate_fn=with_ids(type(self).collate, self.tokenizer),
                                  num_workers=c.num_workers, persistent_workers=c.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         c = self.cfg
-        return self.val_loader(self.val_set, batch_size=c.batch_size, collate_fn=type(self).collate,
+        return self.val_loader(self.val_set, batch_size=c.batch_size,
+                               collate_fn=with_ids(type(self).collate, self.tokenizer),
                                num_workers=c.num_workers)

@@ -15,7 +15,7 @@ from typing import Optional
 from torch.utils.data import DataLoader, Dataset
 
 from modforge.data.base import PAIRS, DataFacts, DataModule
-from modforge.data.examples import collate_pairs
+from modforge.data.examples import collate_pairs, with_ids
 from modforge.data.tokenizers import CharTokenizer, Tokenizer
 from modforge.registry import ConfigError, register
 
@@ -78,12 +78,14 @@ class SyntheticSeq2Seq(DataModule):
 
     def train_dataloader(self) -> DataLoader:
         c = self.cfg
-        return self.train_loader(self._pairs(c.n_train, c.seed), batch_size=c.batch_size, collate_fn=collate_pairs,
+        return self.train_loader(self._pairs(c.n_train, c.seed), batch_size=c.batch_size,
+                                 collate_fn=with_ids(collate_pairs, self.tokenizer),
                                  drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         c = self.cfg
-        return self.val_loader(self._pairs(c.n_val, c.seed + 1), batch_size=c.batch_size, collate_fn=collate_pairs)
+        return self.val_loader(self._pairs(c.n_val, c.seed + 1), batch_size=c.batch_size,
+                               collate_fn=with_ids(collate_pairs, self.tokenizer))
 
 
 @register("data", "reverse", config=SyntheticConfig)

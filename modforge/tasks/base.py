@@ -19,6 +19,8 @@ from torchmetrics import Metric
 from modforge.models.blocks import Parts
 from modforge.registry import ConfigError, build, declare
 
+IGNORE = -100  # a target with no loss: not <pad>, which may be a real token too (GPT-2 pads with <eos>)
+
 if TYPE_CHECKING:  # only a type here; importing it would declare the data kinds before this one
     from modforge.data.base import DataFacts
 
@@ -69,10 +71,11 @@ class Task(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def xent(self, logits: torch.Tensor, target: torch.Tensor, smoothing: Optional[float] = None) -> torch.Tensor:
-        """Mean cross-entropy over non-pad targets (label smoothing as in Szegedy et al. 2016)."""
+        """Mean cross-entropy over the targets that are not :data:`IGNORE` (label smoothing as in Szegedy et al.
+        2016)."""
         ls = self.cfg.label_smoothing if smoothing is None else smoothing
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                               ignore_index=self.tokenizer.pad_id, label_smoothing=ls)
+                               ignore_index=IGNORE, label_smoothing=ls)
 
     def log_mean(self, name: str, value: Any, weight: Any, prog_bar: bool = False) -> None:
         """Log ``name`` as the mean of ``value`` over the validation epoch, each value counting ``weight`` (its

@@ -6,7 +6,7 @@ import torch
 from modforge.data.base import TOKENS
 from modforge.decoding import generate
 from modforge.registry import ConfigError, register
-from modforge.tasks.base import Task, TaskConfig, bits
+from modforge.tasks.base import IGNORE, Task, TaskConfig, bits
 
 
 @dataclass
@@ -42,7 +42,7 @@ class CausalLM(Task):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         loss = self.xent(self.model(x), y, smoothing=0.0)
-        n = int((y != self.tokenizer.pad_id).sum())  # the mean over target tokens, whatever the batches
+        n = int((y != IGNORE).sum())  # the mean over target tokens, whatever the batches
         self.log_mean("val/loss", loss, n, prog_bar=True)
         # bits per character: nats per token -> bits, times tokens per character of the val text
         if self.facts.tokens_per_char is not None:
@@ -92,7 +92,7 @@ class MaskedLM(Task):
         c, tok = self.cfg, self.tokenizer
         u = torch.rand(x.shape, generator=generator, device=x.device)
         selected = torch.rand(x.shape, generator=generator, device=x.device) < c.mask_prob
-        targets = x.masked_fill(~selected, tok.pad_id)
+        targets = x.masked_fill(~selected, IGNORE)
         inputs = x.clone()
         inputs[selected & (u < c.replace_mask)] = tok.mask_id
         rnd = selected & (u >= c.replace_mask) & (u < c.replace_mask + c.replace_random)
@@ -103,7 +103,7 @@ class MaskedLM(Task):
     def _step(self, x, generator=None):
         inputs, targets = self.corrupt(x, generator)
         logits = self.model(inputs)
-        sel = targets != self.tokenizer.pad_id
+        sel = targets != IGNORE
         acc = (logits.argmax(-1)[sel] == targets[sel]).float().mean() if sel.any() else torch.tensor(0.0)
         return logits, targets, acc, int(sel.sum())
 

@@ -20,7 +20,7 @@ import torch
 from modforge.data.base import PAIRS
 from modforge.decoding import Stepper, beam_search, decode
 from modforge.registry import ConfigError, ModforgeError, register
-from modforge.tasks.base import Task, TaskConfig
+from modforge.tasks.base import IGNORE, Task, TaskConfig
 
 
 @dataclass
@@ -43,7 +43,7 @@ class PairsTask(Task):
     data_needs = PAIRS
 
     def teacher_forced(self, b) -> tuple:
-        """-> (logits (B, L, V), targets (B, L) with <pad> where there is no loss, input tokens read)."""
+        """-> (logits (B, L, V), targets (B, L), IGNORE where there is no loss, input tokens read)."""
         raise NotImplementedError
 
     def predict(self, b) -> torch.Tensor:
@@ -63,7 +63,7 @@ class PairsTask(Task):
     def validation_step(self, b, batch_idx):
         logits, targets, _ = self.teacher_forced(b)
         loss = self.xent(logits, targets, smoothing=0.0)
-        real = targets != self.tokenizer.pad_id
+        real = targets != IGNORE
         acc = (logits.argmax(-1)[real] == targets[real]).float().mean()
         n = int(real.sum())
         self.log_mean("val/loss", loss, n, prog_bar=True)  # means over target tokens ...
@@ -108,7 +108,8 @@ class Seq2Seq(PairsTask):
 
     def teacher_forced(self, b):
         logits = self.model(b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
-        return logits, b["tgt_out"], int(b["src_mask"].sum() + b["tgt_mask"].sum())
+        targets = b["tgt_out"].masked_fill(~b["tgt_mask"], IGNORE)
+        return logits, targets, int(b["src_mask"].sum() + b["tgt_mask"].sum())
 
     def validation_step(self, b, batch_idx):
         loss = super().validation_step(b, batch_idx)
@@ -147,13 +148,13 @@ class Seq2SeqLM(PairsTask):
                               f"as one sequence of up to {need} positions here; raise model.max_len")
 
     def joined(self, b) -> tuple:
-        """-> inputs ``source <bos> target`` (B, L) and targets (B, L): <pad> under the source, then
+        """-> inputs ``source <bos> target`` (B, L) and targets (B, L): IGNORE under the source, then
         ``target <eos>``; rows right-padded (a causal model's real positions never see the padding)."""
         pad = self.tokenizer.pad_id
         s_len, t_len = b["src_mask"].sum(1).tolist(), b["tgt_mask"].sum(1).tolist()  # t: target + 1
         B, L = len(s_len), max(s + t for s, t in zip(s_len, t_len))
         x = b["src"].new_full((B, L), pad)
-        y = b["src"].new_full((B, L), pad)
+        y = b["src"].new_full((B, L), IGNORE)
         for i, (s, t) in enumerate(zip(s_len, t_len)):
             x[i, :s], x[i, s:s + t] = b["src"][i, :s], b["tgt_in"][i, :t]
             y[i, s:s + t] = b["tgt_out"][i, :t]
@@ -200,7 +201,8 @@ class Transduce(PairsTask):
         return y.masked_fill(y == self.tokenizer.eos_id, pad) if y.shape[1] else y
 
     def teacher_forced(self, b):
-        return self.model(b["src"], b["src_mask"]), self.wanted(b), int(b["src_mask"].sum())
+        targets = self.wanted(b).masked_fill(~b["src_mask"], IGNORE)  # wanted() checks the lengths
+        return self.model(b["src"], b["src_mask"]), targets, int(b["src_mask"].sum())
 
     @torch.no_grad()
     def predict(self, b) -> torch.Tensor:
