@@ -29,14 +29,15 @@ def find_checkpoint(key: str, value: Any) -> Path:
     return path
 
 
-def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu") -> dict:
-    """The checkpoint's contents, loaded with ``weights_only=True``; anything else is one ConfigError."""
+def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mmap: bool = False) -> dict:
+    """The checkpoint's contents, loaded with ``weights_only=True``; anything else is one ConfigError. ``mmap``:
+    tensors are read from the file when used (a large checkpoint read for its config costs no memory)."""
     import pickle
 
     import torch
 
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         if not found:  # not a pickle torch can read at all: a truncated or foreign file

@@ -236,6 +236,16 @@ def unrecorded(ckpt: Any) -> bool:
         read_state(p.parent.parent).status not in FINAL
 
 
+def with_init_from(cfg: DictConfig, user_keys: Optional[list]) -> tuple:
+    """-> (the config to run, the ``init_from=`` checkpoint or None): the checkpoint's architecture with this
+    command line's overrides on top (:func:`~modforge.checkpoints.init_config`). Its tensors are memory-mapped,
+    read when copied."""
+    if not cfg.get("init_from") or cfg.get("resume"):
+        return cfg, None
+    init = read_checkpoint(find_checkpoint("init_from", cfg.init_from), "init_from", mmap=True)
+    return init_config(cfg, init, user_keys), init
+
+
 def run(cfg: DictConfig, out_dir: Path) -> dict:
     """Train one configuration in ``out_dir``: config.yaml, checkpoints, CSV logs, then metrics.json.
 
@@ -249,10 +259,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     t_start = time.perf_counter()
     quiet()
     load_all()
-    init = None
-    if cfg.get("init_from") and not cfg.get("resume"):  # the checkpoint's architecture, this command's overrides
-        init = read_checkpoint(find_checkpoint("init_from", cfg.init_from), "init_from")
-        cfg = init_config(cfg, init, user_override_keys())
+    cfg, init = with_init_from(cfg, user_override_keys())
     validate(cfg)
     resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
     rank, launch = launched_rank()
@@ -718,6 +725,7 @@ def preflight(argv: list, multirun: bool) -> int:
             try:
                 if slots is not None:
                     check_slots(cfg.trainer.get("devices", 1), slots)
+                cfg, _ = with_init_from(cfg, user_override_keys(job))
                 validate(cfg, here=not elsewhere)
                 resume = resume_path(cfg.get("resume"))
                 if resume:

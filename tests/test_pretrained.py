@@ -268,3 +268,17 @@ def test_init_from_with_swapped_parts_loads_what_matches_and_trains(converted, t
     with pytest.raises(SystemExit):
         main([f"resume={converted['gpt2']}", f"hydra.run.dir={tmp_path / 'r2'}"])
     assert "fine-tune from it with init_from=" in capsys.readouterr().err
+
+
+def test_the_command_line_check_builds_on_the_init_from_architecture(converted, tmp_path):
+    """BERT's checkpoint is an encoder: ``task=classify`` fits it, though the default model (decoder_only) would
+    not; the check before any work composes what the run will (it once checked the defaults and refused)."""
+    from modforge.registry import ConfigError
+    from modforge.train import preflight
+
+    data = tmp_path / "cls.csv"
+    data.write_text("text,label\n" + "".join(f"the quick fox {i},{'ab'[i % 2]}\n" for i in range(20)))
+    ok = [f"init_from={converted['bert']}", "task=classify", "data=classify", f"data.path={data}", "data.max_len=32"]
+    assert preflight(ok, False) == 1
+    with pytest.raises(ConfigError, match="model.max_len=64 is shorter"):  # the checkpoint's max_len, 64
+        preflight(ok[:-1] + ["data.max_len=100"], False)
