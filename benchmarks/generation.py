@@ -45,40 +45,20 @@ def build(arch: str, size: str) -> tuple[nn.Module, nn.Module]:
     hf = hf_model(s, llama)
     torch.manual_seed(0)
     ours = build_modforge(s, llama, init_std=0.1)  # wider than 0.02: peaked next-token distributions, no near-ties
-    hf.load_state_dict((llama_weights if llama else gpt2_weights)(ours), strict=True)
+    hf.load_state_dict(hf_weights(ours, llama), strict=True)
     return ours.eval(), hf.eval()
 
 
-def gpt2_weights(m) -> dict:
-    """modforge GPT-2-layout state -> GPT2LMHeadModel state (HF's Conv1D stores weights transposed)."""
-    sd = {"transformer.wte.weight": m.tok.weight, "transformer.wpe.weight": m.embed.pos.table.weight,
-          "lm_head.weight": m.head.weight, "transformer.ln_f.weight": m.decoder.final_norm.weight,
-          "transformer.ln_f.bias": m.decoder.final_norm.bias}
-    for i, b in enumerate(m.decoder.blocks):
-        p = f"transformer.h.{i}."
-        for ours, theirs in ((b.r_self.norm, "ln_1"), (b.r_ffn.norm, "ln_2")):
-            sd[p + theirs + ".weight"], sd[p + theirs + ".bias"] = ours.weight, ours.bias
-        for ours, theirs in ((b.self_attn.qkv, "attn.c_attn"), (b.self_attn.out, "attn.c_proj"),
-                             (b.ffn.w1, "mlp.c_fc"), (b.ffn.w2, "mlp.c_proj")):
-            sd[p + theirs + ".weight"], sd[p + theirs + ".bias"] = ours.weight.t(), ours.bias
-    return {k: v.detach().clone() for k, v in sd.items()}
+def hf_weights(m, llama: bool) -> dict:
+    """modforge GPT-2- or Llama-layout state -> the HF model's state, by the mapping ``format=hf`` exports with."""
+    import dataclasses
 
+    from modforge.pretrained import FAMILIES
 
-def llama_weights(m) -> dict:
-    """modforge Llama-layout state -> LlamaForCausalLM state (fused qkv and gate/up matrices split)."""
-    sd = {"model.embed_tokens.weight": m.tok.weight, "lm_head.weight": m.head.weight,
-          "model.norm.weight": m.decoder.final_norm.weight}
-    for i, b in enumerate(m.decoder.blocks):
-        p = f"model.layers.{i}."
-        q, k, v = b.self_attn.qkv.weight.chunk(3, dim=0)
-        gate, up = b.ffn.w_gate_up.weight.chunk(2, dim=0)
-        sd.update({p + "input_layernorm.weight": b.r_self.norm.weight,
-                   p + "post_attention_layernorm.weight": b.r_ffn.norm.weight,
-                   p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-                   p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": b.self_attn.out.weight,
-                   p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                   p + "mlp.down_proj.weight": b.ffn.w2.weight})
-    return {k: v.detach().clone() for k, v in sd.items()}
+    ours = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    theirs = FAMILIES["llama" if llama else "gpt2"].to_theirs(ours, m.cfg.n_layers, {"model": dataclasses.asdict(m.cfg)})
+    theirs.setdefault("lm_head.weight", m.head.weight.detach().clone())  # GPT-2's tied head, a key of its own in HF
+    return theirs
 
 
 def ours_fn(model, how: str, prompt: torch.Tensor, n: int):
