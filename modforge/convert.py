@@ -2,9 +2,9 @@
 
 Reads a local model directory as ``save_pretrained`` writes it (``config.json``;
 ``model.safetensors`` or ``pytorch_model.bin``, sharded or not, the latter loaded
-with ``weights_only=True``; ``tokenizer.json``) of the GPT-2, Llama (GQA included)
-or BERT families, and writes one modforge checkpoint: the run config the model
-maps to (components by registry name, as ``config.yaml`` of a run shows), the
+with ``weights_only=True``; ``tokenizer.json``) of the GPT-2, Llama (GQA included;
+Mistral's checkpoints too) or BERT families, and writes one modforge checkpoint:
+the run config the model maps to (components by registry name, as ``config.yaml`` of a run shows), the
 weights under modforge's parameter names, and the tokenizer with the model's own
 ids and special tokens (``data.tokenizer=pretrained``). That checkpoint is what
 ``python -m modforge.generate ckpt=``, ``load_checkpoint`` and fine-tuning with

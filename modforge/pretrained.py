@@ -1,4 +1,5 @@
-"""Pretrained checkpoints of three families as modforge models, and back: GPT-2, Llama (with GQA) and BERT.
+"""Pretrained checkpoints of three families as modforge models, and back: GPT-2, Llama (with GQA; Mistral's
+checkpoints too) and BERT.
 
 A :class:`Family` says, for one Hugging Face ``model_type``, how its
 ``config.json`` reads as modforge overrides (``model.d_model=768``,
@@ -242,7 +243,7 @@ class Llama(Family):
         return p
 
     def overrides(self, c: dict) -> list[str]:
-        what = "Llama config.json:"
+        what = f"{type(self).__name__} config.json:"
         _need(c, "hidden_act", "silu", what)
         _need(c, "pretraining_tp", 1, what)
         rope = self.rope(c)
@@ -432,7 +433,25 @@ class Bert(Family):
         return s, t.rest(lambda k: k.startswith(("pooler.", "cls.seq_relationship.")) or k.endswith("position_ids"))
 
 
-FAMILIES = {f.model_type: f for f in (GPT2(), Llama(), Bert())}
+class Mistral(Llama):
+    """Mistral's checkpoints are Llama's architecture with grouped-query attention, under its own ``model_type``,
+    plus sliding-window attention: a window at least as long as the positions (``null``, as in Mistral-7B v0.2
+    and later) changes nothing and converts; a shorter one (v0.1's 4096 of 32768) is refused. A converted
+    Mistral model exports as Llama, which computes the same function."""
+
+    model_type = "mistral"
+    exportable = False
+
+    def overrides(self, c: dict) -> list[str]:
+        window, n = c.get("sliding_window"), c["max_position_embeddings"]
+        if window is not None and window < n:
+            raise ConfigError(f"Mistral config.json: sliding_window={window} is not supported (modforge's attention "
+                              f"sees every earlier position; a window of null or >= max_position_embeddings={n} "
+                              "converts, as in Mistral-7B v0.2 and later)")
+        return super().overrides(c)
+
+
+FAMILIES = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Bert())}
 
 
 def family_of(c: dict, where: str) -> Family:

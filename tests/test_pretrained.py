@@ -231,7 +231,7 @@ def test_refusals_are_one_line(hf_dirs, converted, tmp_path, capsys):
     with pytest.raises(SystemExit):
         convert_main([f"hf={d}", f"out={tmp_path / 'o.ckpt'}"])
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "model_type='t5'" in err and "gpt2, llama, bert" in err
+    assert err.count("\n") == 0 and "model_type='t5'" in err and "gpt2, llama, mistral, bert" in err
     (d / "config.json").write_text(json.dumps({**cfg, "scale_attn_by_inverse_layer_idx": True}))
     with pytest.raises(SystemExit):
         convert_main([f"hf={d}", f"out={tmp_path / 'o.ckpt'}"])
@@ -282,3 +282,31 @@ def test_the_command_line_check_builds_on_the_init_from_architecture(converted, 
     assert preflight(ok, False) == 1
     with pytest.raises(ConfigError, match="model.max_len=64 is shorter"):  # the checkpoint's max_len, 64
         preflight(ok[:-1] + ["data.max_len=100"], False)
+
+
+def test_mistral_converts_as_llama_with_its_head_dim_and_refuses_a_short_sliding_window(tmp_path, capsys):
+    """A Mistral checkpoint (one key/value head, head_dim 16 apart from d_model / n_heads = 8) gives HF's
+    logits on a left-padded batch; v0.1's sliding window shorter than the positions is refused in one line."""
+    from modforge.convert import main as convert_main
+
+    torch.manual_seed(0)
+    tok = bpe_tokenizer(["<unk>", "<s>", "</s>"])
+    kw = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+              bos_token_id=1, eos_token_id=2, initializer_range=0.2)
+    hf = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=None, **kw)).eval()
+    path, summary = convert(save(hf, tok, tmp_path / "mistral"), tmp_path / "m.ckpt")
+    assert "model.head_dim=16" in summary["overrides"] and "attention.n_kv_heads=1" in summary["overrides"]
+    task = load_checkpoint(str(path))
+    idx, mask = padded_batch(task.tokenizer, TEXTS)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        got = task.model(idx, mask=mask, positions=positions)
+        want = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions).logits
+    assert (got - want).abs()[mask].max() < 1e-5
+    save(transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=16, **kw)), tok, tmp_path / "v01")
+    capsys.readouterr()  # HF's progress bars
+    with pytest.raises(SystemExit):
+        convert_main([f"hf={tmp_path / 'v01'}", f"out={tmp_path / 'o.ckpt'}"])
+    err = capsys.readouterr().err
+    assert "sliding_window=16 is not supported" in err and len(err.strip().splitlines()) == 1
