@@ -53,7 +53,7 @@ def hf_weights(m, llama: bool) -> dict:
     """modforge GPT-2- or Llama-layout state -> the HF model's state, by the mapping ``format=hf`` exports with."""
     import dataclasses
 
-    from modforge.pretrained import FAMILIES
+    from modforge.checkpoints.families import FAMILIES
 
     ours = {k: v.detach().clone() for k, v in m.state_dict().items()}
     theirs = FAMILIES["llama" if llama else "gpt2"].to_theirs(ours, m.cfg.n_layers, {"model": dataclasses.asdict(m.cfg)})
@@ -62,7 +62,7 @@ def hf_weights(m, llama: bool) -> dict:
 
 
 def ours_fn(model, how: str, prompt: torch.Tensor, n: int):
-    from modforge.decoding import Stepper, beam_search, decode
+    from modforge.models.decoding import Stepper, beam_search, decode
 
     if how == "beam":
         return lambda: beam_search(Stepper(model, prompt), n, beam_size=4)
@@ -78,7 +78,7 @@ def hf_fn(model, how: str, prompt: torch.Tensor, n: int):
 
 
 def check(ours, hf, prompt: torch.Tensor, n: int) -> str:
-    from modforge.decoding import Stepper, beam_search, decode
+    from modforge.models.decoding import Stepper, beam_search, decode
 
     with torch.inference_mode():
         diff = (ours(prompt) - hf(input_ids=prompt).logits).abs().max().item()

@@ -14,7 +14,7 @@ overrides describe (e.g. ``experiment=shakespeare_char data.path=...``):
   with the default trainer settings, without validation and checkpoints (a
   run's validations are not in its tokens/s either); the time is what
   ``metrics.json``'s ``tokens_per_sec`` divides by
-  (:class:`modforge.callbacks.RunRecord`: first to last training batch);
+  (:class:`modforge.run.callbacks.RunRecord`: first to last training batch);
 * **loop as a run**: the same with what a run adds around the loop: the CSV
   logger, the learning-rate monitor, the divergence check and the progress
   display a log file gets.
@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 def setup(overrides: list[str]):
     from modforge import registry
-    from modforge.config import compose, to_plain
+    from modforge.config import compose
+    from modforge.config.composition import to_plain
 
     cfg = compose([*overrides, "trainer.enable_progress_bar=false", "sample=false", "eval_at_start=false"])
     dm = registry.build("data", cfg.data)
@@ -78,9 +79,9 @@ def loop_round(cfg, dm, task, steps: int, profiler=None, as_run: bool = False) -
     from lightning.pytorch.callbacks import LearningRateMonitor
     from omegaconf import OmegaConf
 
-    from modforge.callbacks import DivergenceStop, RunRecord
-    from modforge.monitoring import AppendingCSVLogger, LogProgress
-    from modforge.output import quiet
+    from modforge.run.callbacks import DivergenceStop, RunRecord
+    from modforge.run.monitoring import AppendingCSVLogger, LogProgress
+    from modforge.utils.console import quiet
 
     quiet()
     settings = OmegaConf.to_container(cfg.trainer, resolve=True)

@@ -16,7 +16,7 @@ import time
 import torch
 
 from modforge import registry
-from modforge.builtins import load_builtins
+from modforge.plugins import load_builtins
 
 
 def main() -> None:

@@ -122,7 +122,7 @@ class Plain(nn.Module):
 def build_modforge(s: Size, llama: bool, **model) -> nn.Module:
     """modforge's ``decoder_only`` in the GPT-2 or the Llama layout (``model``: more model keys)."""
     from modforge import registry
-    from modforge.builtins import load_builtins
+    from modforge.plugins import load_builtins
     from modforge.models.blocks import Parts
 
     load_builtins()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modforge import registry
-from modforge.builtins import load_builtins
+from modforge.plugins import load_builtins
 from modforge.models.blocks import Parts
 
 D, L, H, T, B, V = 128, 4, 4, 64, 12, 70

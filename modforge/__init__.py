@@ -2,7 +2,7 @@
 
 ``import modforge`` is cheap: it imports neither torch nor Lightning. The
 registry lives in :mod:`modforge.registry` (the ground floor); the built-in
-components and the installed plugins are loaded by :func:`modforge.builtins.load_all`.
+components and the installed plugins are loaded by :func:`modforge.plugins.load_all`.
 """
 from modforge.registry import ConfigError, ModforgeError, build, get, register  # noqa: F401
 

@@ -8,7 +8,7 @@ Writes two files into ``out``:
                       facts (tokenizer state, positions, tokens per character, labels), plus modforge's version
 
 ``modforge.export.load_exported(out)`` rebuilds the task (model and tokenizer), in eval mode, from those two
-files alone: the counterpart of :func:`modforge.checkpoints.load_checkpoint`.
+files alone: the counterpart of :func:`modforge.checkpoints.files.load_checkpoint`.
 
 With ``format=hf`` it writes a Hugging Face model directory instead (config.json, model.safetensors, and
 tokenizer.json when the model has a pretrained tokenizer), which ``transformers`` loads with
@@ -24,105 +24,11 @@ Examples:
   python -m modforge.export ckpt=outputs/2026-11-23/14-03-22 out=exported/stdlib-small
   python -m modforge.export ckpt=outputs/2026-11-24/09-10-11 out=exported/gpt2-rms format=hf
 """
-import json
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from modforge import registry
-from modforge.cli import command
-
-FORMAT = "modforge-export-1"
-
-
-def export(ckpt: Any, out: Any) -> Path:
-    """Write ``model.safetensors`` and ``config.json`` for the checkpoint ``ckpt`` into ``out``."""
-    from safetensors.torch import save
-
-    from modforge import __version__
-    from modforge.checkpoints import facts_state, find_checkpoint, load_checkpoint, read_checkpoint, tied_names
-    from modforge.io import atomic_file, write_json
-
-    path = find_checkpoint("ckpt", ckpt)
-    hp = read_checkpoint(path, "ckpt")["hyper_parameters"]
-    task = load_checkpoint(str(path))
-    state = {k: v.detach().contiguous() for k, v in task.model.state_dict().items()}
-    shared = tied_names(state)
-    out = Path(str(out)).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out / "model.safetensors", "wb") as fh:
-        fh.write(save({k: v for k, v in state.items() if k not in shared}, metadata={"format": FORMAT}))
-    write_json(out / "config.json", {"format": FORMAT, "modforge_version": __version__, "run_cfg": hp["run_cfg"],
-                                     "data_facts": facts_state({"hyper_parameters": hp}), "tied": shared},
-               indent=2)
-    return out
-
-
-def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
-    """Write a Hugging Face model directory for the checkpoint ``ckpt`` -> (out, the HF architecture, notes)."""
-    from safetensors.torch import save
-
-    from modforge.checkpoints import find_checkpoint, load_checkpoint
-    from modforge.io import atomic_file, write_json
-    from modforge.pretrained import FAMILIES
-
-    task = load_checkpoint(str(find_checkpoint("ckpt", ckpt)))
-    run = task.run_cfg
-    why = {name: FAMILIES[name].mismatch(run) for name in ("gpt2", "llama")}
-    family = next((FAMILIES[n] for n, w in why.items() if w is None), None)
-    if family is None:
-        raise registry.ConfigError(f"format=hf: this model maps onto neither GPT-2 ({why['gpt2']}) nor Llama "
-                                   f"({why['llama']}); export it with format=modforge")
-    model, tok = task.model, task.tokenizer
-    specials = dict(getattr(tok, "specials", {}) or {})
-    if not specials:  # modforge's own tokenizers: the five reserved ids
-        specials = {"pad": tok.pad_id, "bos": tok.bos_id, "eos": tok.eos_id}
-    kw = {"ffn_hidden": model.decoder.blocks[0].ffn.hidden} if family.model_type == "llama" else {}
-    config = family.hf_config(run, model.vocab_size, specials, **kw)
-    dtype = next(model.parameters()).dtype
-    config["torch_dtype"] = str(dtype).replace("torch.", "")
-    state = {k: v.detach().contiguous() for k, v in family.to_theirs(model.state_dict(), run["model"]["n_layers"],
-                                                                      run).items()}
-    out = Path(str(out)).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out / "model.safetensors", "wb") as fh:
-        fh.write(save(state, metadata={"format": "pt"}))
-    write_json(out / "config.json", config, indent=2)
-    notes = []
-    if getattr(tok, "name", "") == "pretrained":
-        with atomic_file(out / "tokenizer.json", "wb") as fh:
-            fh.write(tok.hf.to_str().encode("utf-8"))
-    else:
-        notes.append(f"no tokenizer.json: the model's tokenizer ({tok.name}) is modforge's own, with ids no "
-                     "Hugging Face tokenizer has; ids in, ids out")
-    return out, config["architectures"][0], notes
-
-
-def load_exported(directory: Any, map_location: str = "cpu") -> Any:
-    """Rebuild the task (model and tokenizer) from an exported directory, in eval mode. Weights are read with
-    safetensors (no pickle); a file that is not a modforge export is refused in one line."""
-    from safetensors.torch import load_file
-
-    from modforge.builtins import load_all
-    from modforge.data.base import DataFacts
-
-    d = Path(str(directory)).expanduser()
-    try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise registry.ConfigError(f"{d}: no readable config.json ({type(e).__name__}: {e})") from None
-    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
-        raise registry.ConfigError(f"{d}/config.json: not a modforge export (format {cfg.get('format')!r})"
-                                   if isinstance(cfg, dict) else f"{d}/config.json: not a modforge export")
-    load_all()
-    facts = DataFacts.from_state(cfg["data_facts"])
-    entry, task_cfg = registry.make_config("task", cfg["run_cfg"]["task"])
-    task = entry.cls(task_cfg, cfg["run_cfg"], facts)
-    state = load_file(str(d / "model.safetensors"), device=map_location)
-    for name, source in (cfg.get("tied") or {}).items():
-        state[name] = state[source]
-    task.model.load_state_dict(state)
-    return task.eval()
-
+from modforge.checkpoints.export import export, export_hf, load_exported  # noqa: F401 - load_exported: public here
+from modforge.cli.command import command
 
 def export_command(argv: list) -> None:
     keys = dict(a.split("=", 1) for a in argv if "=" in a)
@@ -143,7 +49,6 @@ def export_command(argv: list) -> None:
         return
     out = export(keys["ckpt"], keys["out"])
     print(f"wrote {out / 'model.safetensors'} and {out / 'config.json'}")
-
 
 def main(argv: Optional[list] = None) -> None:
     command(__doc__, export_command, argv)

@@ -23,8 +23,8 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from modforge import registry
-from modforge.cli import command
-from modforge.decoding import STRATEGIES, generate
+from modforge.cli.command import command
+from modforge.models.decoding import STRATEGIES, generate
 
 
 @dataclass
@@ -106,7 +106,7 @@ def check_vocabulary(tokenizer, text: str, key: str) -> None:
 
 
 def run(cfg: GenerateConfig) -> list[str]:
-    from modforge.checkpoints import find_checkpoint, load_checkpoint
+    from modforge.checkpoints.files import find_checkpoint, load_checkpoint
 
     path = find_checkpoint("ckpt", cfg.ckpt)
     try:

@@ -1,7 +1,8 @@
 """The component registry: the single source of truth for every swappable part.
 
-This is the ground floor: it imports nothing else of modforge (and neither
-torch nor Lightning), and everything above registers into it.
+This is the ground floor: it imports nothing else of modforge but its error classes
+(:mod:`modforge.errors`, which it re-exports), neither torch nor Lightning, and everything above
+registers into it.
 
 A *kind* (``norm``, ``ffn``, ``pos``, ...) is declared once, with :func:`declare`,
 in the module that defines its base class (``components/norms.py`` declares
@@ -10,7 +11,7 @@ option, whether it is a top-level config group (``norm=rms``) or nested
 (selected through another group's key, e.g. ``ffn.activation=silu``), and
 whether models are built from it. Everything else derives from these
 declarations: the config groups and their defaults, the model's parts
-(:func:`part_kinds`), ``python -m modforge.list``.
+(:func:`part_kinds`), ``python -m modforge list``.
 
 A component is a class registered under a short name together with a typed
 config (a dataclass with defaults)::
@@ -30,7 +31,7 @@ code never compares variant names: it calls :func:`build` with the composed
 config node and the registry decides.
 
 Loading the built-ins and the plugins is not done here but one floor up, in
-:mod:`modforge.builtins`, which knows the whole house.
+:mod:`modforge.plugins`, which knows the whole house.
 """
 from __future__ import annotations
 
@@ -42,27 +43,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
 
+from modforge.errors import (AmbiguousComponentError, ConfigError, DuplicateComponentError,  # noqa: F401
+                             ModforgeError, UnknownComponentError)
+
 BUILTIN = "built-in"
-
-class ModforgeError(Exception):
-    """An error with a message meant for the user, printed without a traceback."""
-
-
-class ConfigError(ModforgeError, ValueError):
-    """A bad configuration value: names the key, the value and what is allowed."""
-
-
-class UnknownComponentError(ConfigError, KeyError):
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
-
-
-class DuplicateComponentError(ModforgeError):
-    pass
-
-
-class AmbiguousComponentError(ConfigError):
-    pass
 
 
 @dataclass
@@ -182,7 +166,7 @@ def _qualname(obj: Any) -> str:
 
 _REGISTRIES: dict[str, Registry] = {}
 _provider_stack: list[str] = []
-_FAILED: dict[str, str] = {}  # {plugin distribution: error}, filled by modforge.builtins.load_plugins
+_FAILED: dict[str, str] = {}  # {plugin distribution: error}, filled by modforge.plugins.load_plugins
 _CONFIG_DIRS: list[tuple[str, str]] = []  # (provider, hydra search path), likewise
 
 
@@ -241,7 +225,7 @@ def registry(kind: str) -> Registry:
         return _REGISTRIES[kind]
     except KeyError:
         close = suggest(kind, kinds())
-        hint = "" if close else (" (kinds are declared when their modules are imported; modforge.builtins.load_all() "
+        hint = "" if close else (" (kinds are declared when their modules are imported; modforge.plugins.load_all() "
                                  "declares every built-in kind)")
         raise UnknownComponentError(
             f"Unknown component kind '{kind}'.{close} Kinds: {', '.join(kinds()) or 'none declared'}{hint}."
@@ -404,7 +388,7 @@ def resolve(kind: str, cfg: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- plugin records
-# modforge.builtins loads built-ins and plugins; what it learns is kept here, on the ground floor.
+# modforge.plugins loads built-ins and plugins; what it learns is kept here, on the ground floor.
 
 
 def record_failure(label: str, error: str) -> None:

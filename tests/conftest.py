@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from modforge.builtins import load_all
+from modforge.plugins import load_all
 
 load_all()  # built-ins and installed plugins: tests that enumerate the registry cover plugins too
 

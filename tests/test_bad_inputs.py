@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_overrides
-from modforge.checkpoints import load_checkpoint, read_checkpoint
+from modforge.checkpoints.files import load_checkpoint, read_checkpoint
 from modforge.config import compose
 from modforge.registry import ConfigError
-from modforge.train import run
+from modforge.run.story import run
 
 
 class CreatesAFile:
@@ -303,9 +303,9 @@ def test_a_full_disk_while_writing_names_the_file(tmp_path, monkeypatch, capsys)
     import builtins
     import errno
 
-    import modforge.io
-    from modforge.cli import one_line_errors
-    from modforge.io import write_text
+    import modforge.utils.files
+    from modforge.cli.command import one_line_errors
+    from modforge.utils.files import write_text
 
     target = tmp_path / "metrics.json"
     write_text(target, "old\n")
@@ -323,7 +323,7 @@ def test_a_full_disk_while_writing_names_the_file(tmp_path, monkeypatch, capsys)
         def __exit__(self, *exc):
             self.fh.close()
 
-    monkeypatch.setattr(modforge.io, "open", FullDisk, raising=False)
+    monkeypatch.setattr(modforge.utils.files, "open", FullDisk, raising=False)
     with pytest.raises(SystemExit) as e, one_line_errors():
         write_text(target, "new\n")
     monkeypatch.undo()
@@ -335,9 +335,9 @@ def test_a_full_disk_while_writing_names_the_file(tmp_path, monkeypatch, capsys)
 @pytest.mark.parametrize("argv,jobs", [(["-m", "ffn=glob(*glu)"], 4), (["-m", "seed=range(1,4)", "norm=layer,rms"], 6),
                                        (["-m", "experiment=norm_quick"], 9), (["norm=rms"], 1)])
 def test_hydra_sweep_syntax_passes_and_every_job_is_checked(argv, jobs):
-    from modforge.train import preflight
+    from modforge.cli.preflight import preflight
 
-    assert preflight(argv, multirun="-m" in argv) == jobs
+    assert preflight(argv, multirun="-m" in argv).jobs == jobs
 
 
 def test_a_resumed_run_keeps_the_checkpoints_tokenizer_and_may_move_its_data(tmp_path):
@@ -349,7 +349,7 @@ def test_a_resumed_run_keeps_the_checkpoints_tokenizer_and_may_move_its_data(tmp
                                                    "eval_at_start=false"]), tmp_path / "a")
     moved = tmp_path / "b.txt"
     moved.write_text("abcde fghiq\n" * 400)  # same vocabulary size, one character swapped
-    from modforge.train import resumed_config, resume_path
+    from modforge.run.resume import resumed_config, resume_path
 
     cfg = compose(tiny_overrides(steps=4) + ["data=text", f"data.path={moved}", "data.num_workers=0",
                                              f"resume={tmp_path / 'a'}", "sample=false"])
@@ -357,6 +357,6 @@ def test_a_resumed_run_keeps_the_checkpoints_tokenizer_and_may_move_its_data(tmp
     assert adopted.data.path == str(moved) and adopted.trainer.max_steps == 4
     assert adopted.trainer.limit_val_batches == 2  # not set on this command line: the run's own
     m = run(cfg, tmp_path / "b")
-    from modforge.checkpoints import load_checkpoint
+    from modforge.checkpoints.files import load_checkpoint
 
     assert load_checkpoint(m["checkpoint"]).tokenizer.state() == load_checkpoint(first["checkpoint"]).tokenizer.state()

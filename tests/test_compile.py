@@ -6,8 +6,9 @@ import torch
 
 from conftest import tiny_overrides
 from modforge import registry
-from modforge.builtins import load_all
-from modforge.config import compose, to_plain
+from modforge.plugins import load_all
+from modforge.config import compose
+from modforge.config.composition import to_plain
 from modforge.models.blocks import Parts
 
 PART_KINDS = ("norm", "residual", "ffn", "pos", "attention")
@@ -44,7 +45,7 @@ def test_every_part_variant_is_covered():
 
 @pytest.mark.slow
 def test_a_compiled_run_trains_to_the_eager_loss(tmp_path):
-    from modforge.train import run
+    from modforge.run.story import run
 
     args = tiny_overrides(steps=3) + ["data.max_chars=20000", "sample=false", "eval_at_start=false"]
     eager = run(compose(args), tmp_path / "eager")

@@ -243,7 +243,7 @@ def readme_table() -> dict[str, tuple[list[str], str]]:
 
 
 def test_readme_vocabulary_table_agrees_with_the_registry():
-    from modforge.config import preset_options
+    from modforge.config.composition import preset_options
 
     table = readme_table()
     assert set(table) == set(BUILTIN_KINDS) | {"trainer", "callbacks", "logger"}, \

@@ -21,9 +21,9 @@ from conftest import tiny_overrides
 from modforge.config import compose
 from modforge.data.tokenizers import BPETokenizer, CharTokenizer
 from modforge.registry import ConfigError, build
-from modforge.checkpoints import load_checkpoint
-from modforge.train import run
-from modforge.io import atomic_file
+from modforge.checkpoints.files import load_checkpoint
+from modforge.run.story import run
+from modforge.utils.files import atomic_file
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "data"

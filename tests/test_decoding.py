@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from modforge.data.tokenizers import CharTokenizer
-from modforge.decoding import Stepper, beam_search, decode, filter_logits, generate
+from modforge.models.decoding import Stepper, beam_search, decode, filter_logits, generate
 from modforge.models.blocks import Parts
 from modforge.registry import ConfigError, build
 

@@ -11,10 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from modforge.devices import accelerator_of, fused_optimizer, matmul_precision
-from modforge.launchers import check_launcher_installed, job_env, job_gpus, job_tasks, labels, ray_gpus
+from modforge.utils.devices import accelerator_of, fused_optimizer, matmul_precision
+from modforge.sweeps.clusters import check_launcher_installed, job_gpus, job_tasks
+from modforge.sweeps.gpus import job_env
+from modforge.config.grid import labels
+from modforge.sweeps.ray_jobs import ray_gpus
 from modforge.registry import ConfigError
-from modforge.slots import SlotError, SlotPool, cpu_threads, devices_needed, pool_devices, schedule
+from modforge.sweeps.slots import SlotError, SlotPool, cpu_threads, devices_needed, pool_devices, schedule
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "data.max_chars=50000", "sample=false",
         "eval_at_start=false", "trainer.limit_val_batches=2"]
@@ -158,7 +161,7 @@ def test_loaders_pin_memory_for_a_cuda_trainer_only():
 
 
 def test_launched_rank_of_srun_and_torchrun_tasks():
-    from modforge.train import launched_rank
+    from modforge.run.ranks import launched_rank
 
     assert launched_rank({}) == (0, None)
     assert launched_rank({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == (0, None)  # one task: Lightning's ranks
@@ -265,6 +268,6 @@ def test_a_directory_given_to_a_job_reads_back_as_itself(value):
     """hydra_value quotes a path for a job's command line (hydra.run.dir=...): Hydra's parser gives it back."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from modforge.launchers import hydra_value
+    from modforge.config.overrides import hydra_value
 
     assert OverridesParser.create().parse_override("hydra.run.dir=" + hydra_value(value)).value() == value

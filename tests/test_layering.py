@@ -1,31 +1,61 @@
-"""The house imports only downward: no import circle in modforge/, the registry on the ground floor.
+"""The house imports only downward: rooms (the folders of modforge/, and its top-level modules) stand on
+floors, a module imports only from its own room or from rooms on lower floors, and no import circle.
 
-Every ``import`` statement of every module counts, also those inside functions
-(a lazy import is still a dependency). Run ``python -m pytest tests/test_layering.py -q``
-to check; a failure names the modules of the circle or the import that goes up.
+Every ``import`` statement of every module counts, also those inside functions (a lazy import is still a
+dependency). Run ``python -m pytest tests/test_layering.py -q`` to check; a failure names the modules of the
+circle or the import that goes up. README's map is this table, drawn (:func:`drawn_map`): the test fails
+when they differ.
 """
 import ast
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "modforge"
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "modforge"
 
-# floor of each module (prefix match, longest first); a module imports only from its floor or below
-FLOORS = {
-    "modforge.registry": 0, "modforge.io": 0, "modforge.stats": 0, "modforge.slots": 0, "modforge.devices": 0,
-    "modforge.launchers": 1,
-    "modforge.runs": 1, "modforge.data.loading": 1, "modforge.output": 0,
-    "modforge.cli": 1, "modforge.plots": 1, "modforge.components": 1, "modforge.optim": 1, "modforge.trainer_schema": 1,
-    "modforge.decoding": 1, "modforge.data.tokenizers": 1, "modforge.data.corpus": 1,
-    "modforge.models": 2, "modforge.data.cache": 2, "modforge.data.base": 2,
-    "modforge.data": 3,
-    "modforge.tasks": 4, "modforge.callbacks": 4, "modforge.monitoring": 4, "modforge.sweep": 4,
-    "modforge.builtins": 5, "modforge.checkpoints": 5, "modforge.config": 5, "modforge.manifest": 5,
-    "modforge.train": 6, "modforge.generate": 6, "modforge.list": 6, "modforge.report": 6, "modforge.export": 6, "modforge.frontdoor": 6, "modforge": 6,
-}
-NO_LIGHTNING_OR_HYDRA = ("modforge.io", "modforge.stats", "modforge.plots", "modforge.report", "modforge.components",
-                         "modforge.models", "modforge.decoding", "modforge.slots", "modforge.devices")
+# (floor, room, what it holds); a room is a folder of modforge/ or a top-level module; the commands share the
+# top floor. Floors from the top down; the drawn map in README.md is this table.
+ROOMS = [
+    (12, "train.py generate.py catalog.py report.py export.py convert.py __main__.py",
+     "the commands: python -m modforge.<module>, python -m modforge <verb>, modforge <verb>"),
+    (11, "cli/", "what commands share: one-line errors, train's help and Tab completion, the registry as cached "
+                 "data, the pre-flight of every job, resume= on the command line"),
+    (10, "sweeps/", "the sweeper (plans each job from its directory), one job inside Hydra, the files between "
+                    "command and sweeper, the gpus/ray launchers, GPU slots, cluster settings"),
+    (9, "results/", "a sweep's tables, statistics and plots (no Lightning, no Hydra)"),
+    (8, "run/", "one run's story in named steps, run directories and locks, resume and init_from rules, DDP rank "
+                "decisions, callbacks, progress and loggers, final measurements"),
+    (7, "checkpoints/", "find, read and load checkpoints; convert Hugging Face models in, export models out; one "
+                        "module per pretrained family"),
+    (6, "config/", "composition with Hydra, every check of a config, the root keys and the Trainer's schema, a "
+                   "sweep's jobs, Hydra's command-line words, directory resolvers"),
+    (5, "plugins.py", "loads the built-in components, then every installed plugin"),
+    (4, "tasks/", "the LightningModules: objectives, metrics, sampling"),
+    (3, "models/", "blocks, stacks and the three architectures; decoding (greedy, sampling, beam, KV cache)"),
+    (2, "components/ data/", "one file per kind of component (norms, residual, ffn, activations, positions, "
+                             "attention, optim); datamodules, tokenizers, caches, loaders"),
+    (1, "registry.py", "kinds, declare, @register, build: the single source of truth"),
+    (0, "errors.py utils/", "the error classes every layer raises; files, console output, device decisions"),
+]
+NO_LIGHTNING_OR_HYDRA = ("modforge.errors", "modforge.utils", "modforge.results",
+                         "modforge.components", "modforge.models", "modforge.sweeps.slots")
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "modforge"
+    return parts[1] + ("/" if (PKG / parts[1]).is_dir() else ".py")
+
+
+FLOOR = {room: floor for floor, rooms, _ in ROOMS for room in rooms.split()}
+
+
+def floor(module: str) -> int:
+    room = room_of(module)
+    assert room in FLOOR, f"{module}: its room {room} has no floor in ROOMS (tests/test_layering.py)"
+    return FLOOR[room]
 
 
 def module_name(path: Path) -> str:
@@ -51,14 +81,15 @@ def imports_of(path: Path) -> set[str]:
 
 
 MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
-GRAPH = {m: {i for i in imports_of(p) if i in MODULES and i != m} for m, p in MODULES.items()}
 
 
-def floor(module: str) -> int:
-    for prefix in sorted(FLOORS, key=len, reverse=True):
-        if module == prefix or module.startswith(prefix + "."):
-            return FLOORS[prefix]
-    raise AssertionError(f"{module}: give it a floor in FLOORS")
+def _edges(m: str) -> set:
+    # a package's face (its __init__) is not a dependency of the modules inside it: `from modforge.config
+    # import resolvers` inside modforge/config/ names the module, and the face only hands names on
+    return {i for i in imports_of(MODULES[m]) if i in MODULES and i != m and not m.startswith(i + ".")}
+
+
+GRAPH = {m: _edges(m) for m in MODULES}
 
 
 def test_no_import_circle():
@@ -82,21 +113,56 @@ def test_no_import_circle():
             visit(m)
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "modforge"))
 def test_imports_go_only_down(module):
-    up = sorted(i for i in GRAPH[module] if floor(i) > floor(module) and i != "modforge")
-    assert not up, f"{module} (floor {floor(module)}) imports from above: " + ", ".join(f"{i} ({floor(i)})" for i in up)
+    """Into its own room, or down; ``modforge`` itself (the version, the registry's names) from anywhere."""
+    mine = room_of(module)
+    up = sorted(i for i in GRAPH[module]
+                if i != "modforge" and room_of(i) != mine and floor(i) >= floor(module))
+    assert not up, f"{module} ({mine}, floor {floor(module)}) imports from its floor or above: " + ", ".join(
+        f"{i} ({room_of(i)}, {floor(i)})" for i in up)
 
 
-def test_the_registry_imports_nothing_of_modforge():
-    assert GRAPH["modforge.registry"] == set()
+def test_every_room_has_a_floor():
+    rooms = {room_of(m) for m in MODULES} - {"modforge"}
+    assert rooms == set(FLOOR), f"rooms without a floor: {sorted(rooms - set(FLOOR))}; " \
+                                f"floors without a room: {sorted(set(FLOOR) - rooms)}"
+
+
+def test_the_registry_imports_only_the_errors():
+    assert GRAPH["modforge.registry"] == {"modforge.errors"}
+
+
+def test_the_errors_import_nothing():
+    assert not {i for i in imports_of(MODULES["modforge.errors"])}
 
 
 def test_the_slot_allocator_is_plain_python():
-    assert not {i.split(".")[0] for i in imports_of(MODULES["modforge.slots"])} - {"os", "dataclasses", "typing"}
+    assert not {i.split(".")[0] for i in imports_of(MODULES["modforge.sweeps.slots"])} - {"os", "dataclasses", "typing"}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(NO_LIGHTNING_OR_HYDRA)))
-def test_components_and_models_know_no_lightning_or_hydra(module):
+def test_lower_floors_and_results_know_no_lightning_or_hydra(module):
     heavy = sorted(i for i in imports_of(MODULES[module]) if i.split(".")[0] in ("lightning", "hydra", "omegaconf"))
     assert not heavy, f"{module} imports {heavy}"
+
+
+def test_no_module_is_named_like_the_standard_library_or_a_builtin():
+    import builtins
+    import sys
+
+    taken = set(sys.stdlib_module_names) | set(dir(builtins))
+    clash = sorted(m for m in MODULES if m.rpartition(".")[2] in taken and m.rpartition(".")[2] != "__main__")
+    assert not clash, f"modules named like a standard-library module or a builtin: {clash}"
+
+
+def drawn_map() -> str:
+    """The map README.md shows: the floors from the top down, each room with what it holds."""
+    return "\n".join(f"{floor:>2}  {rooms}\n    {what}" for floor, rooms, what in ROOMS)
+
+
+def test_readme_map_is_the_layering_table():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("<!-- map: filled from tests/test_layering.py -->")
+    block = text[start:].split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert block == drawn_map(), "README's map differs from tests/test_layering.py's ROOMS; paste:\n" + drawn_map()

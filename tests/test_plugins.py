@@ -68,7 +68,8 @@ PROLOGUE = f"""
 import contextlib, io, json, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    from modforge import builtins, registry
+    from modforge import registry
+    from modforge import plugins as builtins
     builtins.load_all()
     builtins.load_all()  # cached: no second warning
     builtins.load_plugins()
@@ -76,7 +77,8 @@ plugin_warnings = [str(w.message) for w in caught if "modforge plugin" in str(w.
 import torch
 from modforge.config import compose
 from modforge.models.blocks import Parts
-from modforge.train import main, validate
+from modforge.train import main
+from modforge.config.checks import validate
 TINY = {TINY!r}
 
 def build_tiny(*overrides):
@@ -308,7 +310,8 @@ def test_discovery_startup_cost_without_plugins(capsys):
     environment with no plugins installed."""
     res = run_python("""
 import importlib.metadata, json, time
-from modforge import builtins, registry
+from modforge import registry
+from modforge import plugins as builtins
 t0 = time.perf_counter(); builtins.load_builtins(); t_builtins = time.perf_counter() - t0
 real = importlib.metadata.entry_points
 installed = [ep.value for ep in real(group=builtins.ENTRY_POINT_GROUP)]

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from modforge.checkpoints import load_checkpoint  # noqa: E402
 from modforge.convert import convert  # noqa: E402
-from modforge.decoding import Stepper, decode  # noqa: E402
+from modforge.models.decoding import Stepper, decode  # noqa: E402
 
 TEXT = ("the quick brown fox jumps over the lazy dog. " * 3 + "a stitch in time saves nine; "
         "all that glitters is not gold. to be or not to be, that is the question. ") * 4
@@ -274,12 +274,12 @@ def test_the_command_line_check_builds_on_the_init_from_architecture(converted, 
     """BERT's checkpoint is an encoder: ``task=classify`` fits it, though the default model (decoder_only) would
     not; the check before any work composes what the run will (it once checked the defaults and refused)."""
     from modforge.registry import ConfigError
-    from modforge.train import preflight
+    from modforge.cli.preflight import preflight
 
     data = tmp_path / "cls.csv"
     data.write_text("text,label\n" + "".join(f"the quick fox {i},{'ab'[i % 2]}\n" for i in range(20)))
     ok = [f"init_from={converted['bert']}", "task=classify", "data=classify", f"data.path={data}", "data.max_len=32"]
-    assert preflight(ok, False) == 1
+    assert preflight(ok, False).jobs == 1
     with pytest.raises(ConfigError, match="model.max_len=64 is shorter"):  # the checkpoint's max_len, 64
         preflight(ok[:-1] + ["data.max_len=100"], False)
 

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from modforge import registry
-from modforge.config import check_overrides, compose
+from modforge.config.checks import check_overrides
+from modforge.config import compose
 from modforge.components.norms import Norm
 from modforge.models.blocks import Parts
 from modforge.registry import (AmbiguousComponentError, ConfigError, DuplicateComponentError, UnknownComponentError,
@@ -88,7 +89,7 @@ def test_base_class_is_enforced():
 
 
 def test_list_shows_providers_and_defaults():
-    from modforge.list import render
+    from modforge.catalog import render
 
     out = render(["norm", "ffn"])
     assert "rms" in out and "[built-in]" in out and "eps_placement='inside'" in out
@@ -96,7 +97,7 @@ def test_list_shows_providers_and_defaults():
 
 
 def test_list_shows_where_each_component_lives_its_docstring_and_the_presets(capsys):
-    from modforge.list import main
+    from modforge.catalog import main
 
     main([])
     out = capsys.readouterr().out
@@ -113,7 +114,7 @@ def test_list_shows_where_each_component_lives_its_docstring_and_the_presets(cap
 
 @pytest.mark.parametrize("argv,match", [(["nrom"], "Did you mean 'norm'"), (["norm", "rmss"], "Did you mean 'rms'")])
 def test_list_errors_are_one_line(argv, match, capsys):
-    from modforge.list import main
+    from modforge.catalog import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -121,11 +122,14 @@ def test_list_errors_are_one_line(argv, match, capsys):
     assert e.value.code == 2 and err.startswith("error: ") and match in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("module", ["list", "generate", "report"])
-def test_every_entry_point_has_help(module, capsys):
+@pytest.mark.parametrize("verb", ["list", "generate", "report", "export", "convert"])
+def test_every_entry_point_has_help(verb, capsys):
     import importlib
 
-    mod = importlib.import_module(f"modforge.{module}")
+    from modforge.__main__ import VERBS
+
+    mod = importlib.import_module(VERBS[verb][0])
     mod.main(["--help"])
     out = capsys.readouterr().out
-    assert out.strip() == mod.__doc__.strip() and f"python -m modforge.{module}" in out
+    command = "python -m modforge list" if verb == "list" else f"python -m modforge.{verb}"
+    assert out.strip() == mod.__doc__.strip() and command in out

@@ -268,7 +268,7 @@ def test_an_over_key_no_job_has_is_a_typo(sweep, capsys):
 
 
 def test_the_final_chart_is_best_first_whatever_the_table_order(sweep, tmp_path, capsys):
-    from modforge import plots
+    from modforge.results import plots
 
     report.main([str(sweep), "sort=name", f"out={tmp_path / 'r'}"])
     capsys.readouterr()

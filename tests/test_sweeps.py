@@ -1,7 +1,7 @@
 """Sweeps that survive faults and resume exactly: fault isolation, pre-flight, divergence, exact resume after
 SIGKILL (at a step and while a checkpoint is written), sweep resume, and run directories never shared.
 
-Faults are injected with ``MODFORGE_FAULT`` (modforge.callbacks.injected_fault): ``kill@step=N`` sends the run
+Faults are injected with ``MODFORGE_FAULT`` (modforge.run.callbacks.injected_fault): ``kill@step=N`` sends the run
 SIGKILL after step N, ``kill@save=N`` during its N-th checkpoint write, ``raise@step=N@job=J`` raises in job #J.
 """
 import json
@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_overrides
 from modforge.config import compose
-from modforge.train import run
+from modforge.run.story import run
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.limit_val_batches=2",
         "data.max_chars=20000", "data.block_size=32", "trainer.enable_progress_bar=false", "sample=false"]
@@ -88,7 +88,7 @@ def test_a_diverging_run_stops_within_its_patience_and_records_the_last_finite_v
 
 
 def test_a_directory_holding_another_configuration_is_refused_and_left_alone(tmp_path):
-    from modforge.train import RunDirTaken
+    from modforge.errors import RunDirTaken
 
     run(compose(tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false"]), tmp_path)
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
@@ -225,7 +225,7 @@ def test_two_runs_started_at_the_same_moment_get_their_own_directories(tmp_path)
 
 
 def test_a_new_directory_is_claimed_once_per_process_and_never_shared(tmp_path, monkeypatch):
-    from modforge import runs
+    from modforge.config import resolvers as runs
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "_CLAIMED", {})
@@ -236,7 +236,7 @@ def test_a_new_directory_is_claimed_once_per_process_and_never_shared(tmp_path, 
 
 
 def test_one_process_trains_a_run_at_a_time(tmp_path):
-    from modforge.runs import RunDirTaken, is_locked, run_lock
+    from modforge.run.dirs import RunDirTaken, is_locked, run_lock
 
     with run_lock(tmp_path):
         assert is_locked(tmp_path)
@@ -250,8 +250,8 @@ def test_one_process_trains_a_run_at_a_time(tmp_path):
 
 
 def test_the_keys_left_out_of_job_directory_names_are_the_command_switches():
-    from modforge.config import compose_job
-    from modforge.runs import CONTROL_KEYS
+    from modforge.config.composition import compose_job
+    from modforge.run.dirs import CONTROL_KEYS
 
     cfg = compose_job([], hydra=True)
     assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(CONTROL_KEYS)
@@ -264,7 +264,7 @@ def test_cells_are_a_union_each_crossed_with_the_grid_in_hydras_order():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from modforge.registry import ConfigError
-    from modforge.sweep import expand_jobs
+    from modforge.sweeps.sweeper import expand_jobs
 
     parse = OverridesParser.create().parse_overrides
     grid = ["seed=1,2", "norm=layer,rms"]

@@ -8,11 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_overrides
-from modforge.config import compose, to_plain
+from modforge.config import compose
+from modforge.config.composition import to_plain
 from modforge.data.examples import collate_pairs
 from modforge.registry import ModforgeError, build, make_config
 from modforge.tasks.base import IGNORE
-from modforge.train import run
+from modforge.run.story import run
 
 
 def make_task(*overrides):

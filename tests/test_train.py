@@ -13,8 +13,8 @@ import yaml
 from conftest import tiny_overrides
 from modforge.config import compose
 from modforge.checkpoints import load_checkpoint
-from modforge.train import run
-from modforge.builtins import load_all
+from modforge.run.story import run
+from modforge.plugins import load_all
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def test_weights_changed_after_the_last_validation_are_validated_again(tmp_path,
                 for p in pl_module.parameters():
                     p.mul_(0.5)
 
-    monkeypatch.setattr("modforge.monitoring.configured_callbacks", lambda node: [Shrink()])
+    monkeypatch.setattr("modforge.run.monitoring.configured_callbacks", lambda node: [Shrink()])
     ov = tiny_overrides(steps=2) + ["data.max_chars=50000", "sample=false", "eval_at_start=false"]
     shrunk = run(compose(ov), tmp_path / "a")
     monkeypatch.undo()
@@ -142,7 +142,7 @@ def test_run_resumes_from_last_checkpoint(tmp_path, monkeypatch):
 
 
 def test_resume_takes_a_run_directory_and_checkpoints_go_through_the_atomic_writer(tmp_path, monkeypatch):
-    from modforge.callbacks import AtomicCheckpointIO
+    from modforge.run.callbacks import AtomicCheckpointIO
 
     saved = []
     real = AtomicCheckpointIO.save_checkpoint
@@ -169,7 +169,7 @@ def test_resume_from_a_missing_checkpoint_fails_before_any_work(tmp_path, layout
 
 
 def test_a_checkpoint_save_killed_midway_leaves_the_previous_one_whole(tmp_path, monkeypatch):
-    from modforge.callbacks import AtomicCheckpointIO
+    from modforge.run.callbacks import AtomicCheckpointIO
 
     io, target = AtomicCheckpointIO(), tmp_path / "checkpoints" / "last.ckpt"
     io.save_checkpoint({"global_step": 1}, target)
@@ -224,7 +224,7 @@ def test_cli_trains_and_learns(tmp_path, args):
 
 
 def test_sweep_job_directory_names_are_flat_and_bounded():
-    from modforge.config import run_dirname
+    from modforge.config.resolvers import run_dirname
 
     assert run_dirname("data.path=../shared/a.txt,norm=rms") == "data.path=.._shared_a.txt,norm=rms"
     long_a, long_b = "norm=rms," + "x" * 300, "norm=rms," + "x" * 299 + "y"
@@ -329,7 +329,9 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
     from modforge import registry
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "modforge.train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+    # through the verb table (python -m modforge train): Lightning starts rank 1 as `python -m <__main__'s module>`,
+    # which must be modforge.train, not modforge.__main__ with the verb gone
+    cmd = [sys.executable, "-m", "modforge", "train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
            "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=4",
            "trainer.limit_val_batches=3", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
            "data.max_chars=50000", "sample=false", f"hydra.run.dir={run_dir}"]
@@ -352,7 +354,7 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
 def test_a_sweep_jobs_command_line_for_its_ddp_ranks():
     from omegaconf import OmegaConf
 
-    from modforge.train import job_argv
+    from modforge.config.overrides import job_argv
 
     hc = OmegaConf.create({"overrides": {
         "hydra": ["hydra.sweep.dir=/tmp/s", "hydra.mode=MULTIRUN", "hydra.job.chdir=false", "hydra.verbose=true"],
@@ -409,7 +411,7 @@ def test_a_diverged_run_is_recorded_as_such_in_strict_json(tmp_path, monkeypatch
 
 def test_a_failing_run_leaves_its_status_and_error(tmp_path):
     from modforge.registry import ConfigError
-    from modforge.train import failure_recorded
+    from modforge.run.dirs import failure_recorded
 
     with pytest.raises(ConfigError), failure_recorded(tmp_path):
         raise ConfigError("model.max_len=8 is shorter than the data\nsecond line")
@@ -435,10 +437,10 @@ def test_a_study_with_its_own_grid_runs_in_one_command_and_reports(tmp_path):
 def test_a_log_file_gets_plain_progress_lines_and_callbacks_come_from_the_config(tmp_path, monkeypatch):
     """callbacks.progress=log (what auto picks when stdout is a file): one line every N steps and after each
     validation, no carriage returns; callbacks=[default,early_stopping] adds Lightning's EarlyStopping."""
-    import modforge.monitoring
+    import modforge.run.monitoring
 
     said = []
-    monkeypatch.setattr(modforge.monitoring, "say", said.append)  # what would go to the log
+    monkeypatch.setattr(modforge.run.monitoring, "say", said.append)  # what would go to the log
     m = run(compose(tiny_overrides(steps=20) + ["trainer.val_check_interval=2", "data.max_chars=20000", "sample=false",
                                                 "callbacks=[default,early_stopping]", "callbacks.progress=log",
                                                 "callbacks.progress_every=2", "callbacks.early_stopping.patience=1",
@@ -449,7 +451,7 @@ def test_a_log_file_gets_plain_progress_lines_and_callbacks_come_from_the_config
 
 
 def test_auto_progress_is_a_bar_in_a_terminal_and_lines_in_a_file():
-    from modforge.monitoring import LogProgress, progress_callbacks
+    from modforge.run.monitoring import LogProgress, progress_callbacks
 
     assert progress_callbacks("auto", 50, stdout_is_terminal=True) == []  # Lightning's own tqdm bar
     assert isinstance(progress_callbacks("auto", 50, stdout_is_terminal=False)[0], LogProgress)
@@ -457,7 +459,7 @@ def test_auto_progress_is_a_bar_in_a_terminal_and_lines_in_a_file():
 
 
 def test_a_logger_that_cannot_be_created_is_named_in_one_line(tmp_path):
-    from modforge.monitoring import configured_loggers
+    from modforge.run.monitoring import configured_loggers
     from modforge.registry import ConfigError
 
     node = {"mine": {"_target_": "lightning.pytorch.loggers.CSVLogger", "name": None, "no_such_argument": 1}}
@@ -541,7 +543,7 @@ print("torch" in sys.modules, "lightning" in sys.modules)
 
 @pytest.mark.slow
 def test_help_list_and_tab_completion_answer_without_torch(tmp_path):
-    """After one full load has cached the registry's manifest, --help, modforge.list and a completion query
+    """After one full load has cached the registry's manifest, --help, modforge.catalog and a completion query
     import neither torch nor Lightning; completion understands the README's `python -m modforge.train`."""
     env = dict(os.environ, MODFORGE_CACHE=str(tmp_path), COMP_LINE="python -m modforge.train norm=r",
                COMP_POINT=str(len("python -m modforge.train norm=r")))
@@ -549,7 +551,7 @@ def test_help_list_and_tab_completion_answer_without_torch(tmp_path):
                            text=True, timeout=120)  # no manifest yet: the full registry, then the manifest written
     assert first.returncode == 0 and (tmp_path / "manifest.json").exists()
     outs = {}
-    for argv in (["modforge.train", "--help"], ["modforge.train", "-sc", "query=bash"], ["modforge.list"]):
+    for argv in (["modforge.train", "--help"], ["modforge.train", "-sc", "query=bash"], ["modforge.catalog"]):
         p = subprocess.run([sys.executable, "-c", FRONT_DOOR, *argv], env=env, capture_output=True, text=True,
                            timeout=120)
         out, imported = p.stdout.strip().splitlines()[-2:]
@@ -557,18 +559,19 @@ def test_help_list_and_tab_completion_answer_without_torch(tmp_path):
         outs[argv[-1]] = eval(out)  # the repr printed above
     assert outs["query=bash"].split() == ["norm=rms"]
     assert outs["--help"] == first.stdout  # from the manifest, word for word what the full registry gives
-    cold = subprocess.run([sys.executable, "-m", "modforge.list"], env=dict(env, MODFORGE_CACHE=str(tmp_path / "x")),
+    cold = subprocess.run([sys.executable, "-m", "modforge.catalog"], env=dict(env, MODFORGE_CACHE=str(tmp_path / "x")),
                           capture_output=True, text=True, timeout=120)
-    assert outs["modforge.list"] == cold.stdout and "norm: " in cold.stdout
+    assert outs["modforge.catalog"] == cold.stdout and "norm: " in cold.stdout
     install = subprocess.run([sys.executable, "-m", "modforge.train", "-sc", "install=bash"], env=env,
                              capture_output=True, text=True, timeout=120).stdout
     assert "complete -o nospace -o default -F _modforge_train_complete python python3 modforge-train" in install
 
 
-@pytest.mark.parametrize("module", ["modforge.generate", "modforge.list", "modforge.report", "modforge.export"])
+@pytest.mark.parametrize("module", ["modforge.generate", "modforge.catalog", "modforge.report", "modforge.export"])
 def test_every_command_explains_itself(module, capsys):
     import importlib
 
     importlib.import_module(module).main(["--help"])
     out = capsys.readouterr().out
-    assert f"python -m {module}" in out and ("Example" in out or "  python -m" in out), out[:500]
+    command = {"modforge.catalog": "python -m modforge list"}.get(module, f"python -m {module}")
+    assert command in out and ("Example" in out or "  python -m" in out), out[:500]

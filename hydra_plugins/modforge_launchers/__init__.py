@@ -1,5 +1,5 @@
 """Hydra loads launchers only from ``hydra_plugins``: modforge's (``hydra/launcher=gpus`` and the class behind
-``hydra/launcher=ray``); what they do is :mod:`modforge.launchers`'. Importing this is cheap (no torch, no
+``hydra/launcher=ray``); what they do is :mod:`modforge.sweeps.gpus`' and :mod:`modforge.sweeps.ray_jobs`'. Importing this is cheap (no torch, no
 Lightning, no Ray), as every Hydra app in the environment imports it."""
 from dataclasses import dataclass, field
 from typing import Any
@@ -7,7 +7,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 
-from modforge import launchers
+from modforge.sweeps import gpus, ray_jobs
 
 
 @dataclass
@@ -42,9 +42,9 @@ except ImportError:  # not installed: hydra/launcher=ray then says which extra t
 ConfigStore.instance().store(group="hydra/launcher", name="ray", node=RayJobsLauncherConf, provider="modforge")
 
 
-class GpuSlotLauncher(launchers.GpuSlotLauncher, Launcher):
-    """One job per free GPU slot on this node (see :mod:`modforge.launchers`)."""
+class GpuSlotLauncher(gpus.GpuSlotLauncher, Launcher):
+    """One job per free GPU slot on this node (see :mod:`modforge.sweeps.gpus`)."""
 
 
-class RayJobsLauncher(launchers.RayJobsLauncher, Launcher):
-    """Each job a Ray task with its own ``num_gpus`` (see :mod:`modforge.launchers`)."""
+class RayJobsLauncher(ray_jobs.RayJobsLauncher, Launcher):
+    """Each job a Ray task with its own ``num_gpus`` (see :mod:`modforge.sweeps.ray_jobs`)."""

@@ -2,7 +2,7 @@
 
 A modforge plugin (a package with a ``modforge.plugins`` entry point) may set a
 module attribute ``MODFORGE_CONFIG_DIR`` (``"pkg://its_package.conf"`` or an
-absolute directory); :func:`modforge.builtins.load_plugins` records it and this
+absolute directory); :func:`modforge.plugins.load_plugins` records it and this
 plugin appends it after modforge's own config directory, so e.g.
 ``experiment=extras_small`` is selectable with no search-path editing, both in
 ``python -m modforge.train`` and in :func:`modforge.config.compose`.
@@ -30,7 +30,7 @@ def _local_path(path: str) -> Optional[str]:
 
 
 def _is_modforge_search_path(search_path: ConfigSearchPath) -> bool:
-    from modforge.config import CONF_DIR
+    from modforge.config.composition import CONF_DIR
 
     conf = os.path.realpath(str(CONF_DIR))
     for el in search_path.get_path():
@@ -48,8 +48,9 @@ def _as_search_path(entry: str) -> str:
 class ModforgeSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         try:
-            from modforge import manifest, registry
-            from modforge.builtins import load_all
+            from modforge import registry
+            from modforge.cli import manifest
+            from modforge.plugins import load_all
         except ImportError:  # modforge uninstalled but this module left behind
             return
         if not _is_modforge_search_path(search_path):

@@ -1,8 +1,8 @@
 """Hydra loads sweepers only from ``hydra_plugins``: this is modforge's (``hydra/sweeper=modforge``, the default of
-``python -m modforge.train``); everything it does is :class:`modforge.sweep.PlannedSweeper`'s. Importing it is
+``python -m modforge.train``); everything it does is :class:`modforge.sweeps.sweeper.PlannedSweeper`'s. Importing it is
 cheap (no torch, no Lightning), as every Hydra app in the environment imports it."""
-from modforge import sweep
+from modforge.sweeps import sweeper as sweep
 
 
 class ModforgeSweeper(sweep.PlannedSweeper):
-    """Hydra's basic sweeper, planned from the job directories (see :mod:`modforge.sweep`)."""
+    """Hydra's basic sweeper, planned from the job directories (see :mod:`modforge.sweeps.sweeper`)."""

@@ -30,15 +30,15 @@ import numpy as np
 
 from modforge.data.corpus import CHUNK_CHARS, Corpus, CorpusInfo, window
 from modforge.data.tokenizers import Tokenizer, rechunk
-from modforge.io import CACHE_ENV, atomic_file, read_json, write_json
-from modforge.io import cache_dir as io_cache_dir
+from modforge.utils.files import CACHE_ENV, atomic_file, read_json, write_json
+from modforge.utils.files import cache_dir as io_cache_dir
 from modforge.registry import ConfigError
 
 FORMAT = 1  # bump to invalidate every token cache
 
 
 def cache_root(cache_dir: Optional[str] = None) -> Path:
-    """:func:`modforge.io.cache_dir` (``data.cache_dir``, ``$MODFORGE_CACHE``, ``~/.cache/modforge``), created."""
+    """:func:`modforge.utils.files.cache_dir` (``data.cache_dir``, ``$MODFORGE_CACHE``, ``~/.cache/modforge``), created."""
     root = io_cache_dir(cache_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)

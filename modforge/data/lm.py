@@ -44,7 +44,7 @@ from modforge.data.base import TOKENS, DataFacts, DataModule
 from modforge.data.cache import cache_root, corpus_info, fit_tokenizer, token_cache
 from modforge.data.corpus import CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, expand_paths, window
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer, rechunk
-from modforge.io import atomic_file
+from modforge.utils.files import atomic_file
 from modforge.registry import ConfigError, register
 
 SHUFFLE_LIMIT = 1 << 24  # above this many training windows, sample starts with replacement

@@ -15,7 +15,7 @@ pieces make the order of batches part of that state:
 The number of batches trained on is asked of the Trainer (``consumed``): the
 loader itself cannot know it, because Lightning fetches one batch ahead.
 The global RNG states (dropout, masking) are the callback
-:class:`~modforge.callbacks.RunRecord`'s part of the checkpoint.
+:class:`~modforge.run.callbacks.RunRecord`'s part of the checkpoint.
 """
 import itertools
 import math

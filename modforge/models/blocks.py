@@ -23,7 +23,7 @@ class Parts:
     def __init__(self, **configs: Any):
         kinds = part_kinds()
         if not kinds:
-            raise ConfigError("Parts: no part kinds are declared yet; modforge.builtins.load_all() declares them")
+            raise ConfigError("Parts: no part kinds are declared yet; modforge.plugins.load_all() declares them")
         for k in configs:
             if k not in kinds:
                 raise ConfigError(f"Parts: '{k}' is not a part kind.{suggest(k, kinds)} Part kinds: {', '.join(kinds)}.")

@@ -5,7 +5,7 @@ A task is constructed as ``cls(cfg, run_cfg, facts)``: its typed config, the
 that the data's ``prepare()`` returned (tokenizer, positions, tokens per
 character, labels). The run config and the facts' state are saved as
 hyper-parameters, so every checkpoint carries what is needed to rebuild model,
-tokenizer and metrics (:func:`modforge.checkpoints.load_checkpoint`).
+tokenizer and metrics (:func:`modforge.checkpoints.files.load_checkpoint`).
 """
 import math
 from dataclasses import dataclass

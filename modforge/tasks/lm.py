@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import torch
 
 from modforge.data.base import TOKENS
-from modforge.decoding import generate
+from modforge.models.decoding import generate
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import IGNORE, Task, TaskConfig, bits
 

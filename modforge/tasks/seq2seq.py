@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from modforge.data.base import PAIRS
-from modforge.decoding import Stepper, beam_search, decode
+from modforge.models.decoding import Stepper, beam_search, decode
 from modforge.registry import ConfigError, ModforgeError, register
 from modforge.tasks.base import IGNORE, Task, TaskConfig
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from modforge import registry
-from modforge.builtins import load_all
+from modforge.plugins import load_all
 from modforge.models.architectures import ModelConfig
 from modforge.models.blocks import Parts
 

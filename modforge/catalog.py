@@ -1,10 +1,10 @@
-"""``python -m modforge.list [KIND [NAME]]``: what can be chosen, where it lives, and its defaults.
+"""``python -m modforge list [KIND [NAME]]``: what can be chosen, where it lives, and its defaults.
 
-  python -m modforge.list               every kind, its options, their providers, module and class, default parameters;
+  python -m modforge list                 every kind, its options, their providers, module and class, default parameters;
                                         then the experiment and trainer options (YAML presets)
-  python -m modforge.list norm ffn      only these kinds (or: experiment, trainer)
-  python -m modforge.list norm rms      one component: its whole docstring and its parameters
-  python -m modforge.list experiment shakespeare_char   one preset: where it lives and its YAML
+  python -m modforge list norm ffn        only these kinds (or: experiment, trainer)
+  python -m modforge list norm rms        one component: its whole docstring and its parameters
+  python -m modforge list experiment shakespeare_char   one preset: where it lives and its YAML
 """
 import importlib.resources
 import inspect
@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 from modforge import registry
-from modforge.builtins import load_all
-from modforge.cli import command
-from modforge.config import PRESET_GROUPS, check_preset, hydra_loader
+from modforge.plugins import load_all
+from modforge.cli.command import command
+from modforge.config.checks import check_preset
+from modforge.config.composition import hydra_loader
+from modforge.config.schema import PRESET_GROUPS
 
 
 
@@ -26,7 +28,7 @@ def _kind_header(kind: str, k: dict) -> str:
 
 
 def render_kind(kind: str, k: dict) -> list[str]:
-    """One kind, from the registry's data (:mod:`modforge.manifest`: the same with or without torch loaded)."""
+    """One kind, from the registry's data (:mod:`modforge.cli.manifest`: the same with or without torch loaded)."""
     lines = [_kind_header(kind, k)]
     for e in k["entries"]:
         ambiguous = "  [AMBIGUOUS]" if e["ambiguous"] else ""
@@ -52,7 +54,7 @@ def render_preset(group: str, name: str) -> str:
 
 
 def render_presets(group: str, data: dict) -> list[str]:
-    from modforge import manifest
+    from modforge.cli import manifest
 
     return [f"{group}: {PRESET_GROUPS[group]} ({group}=NAME)"] + [f"  {o}" for o in manifest.preset_options(data, group)]
 
@@ -72,7 +74,7 @@ def render_one(kind: str, name: str) -> str:
 def render(kinds: Optional[list] = None, data: Optional[dict] = None) -> str:
     """Every kind (or those named) and the preset groups, from the cached manifest when it is current (no
     torch), else from the registry loaded now."""
-    from modforge import manifest
+    from modforge.cli import manifest
 
     data = data or manifest.read() or manifest.of_registry()
     lines: list[str] = []
@@ -86,7 +88,7 @@ def render(kinds: Optional[list] = None, data: Optional[dict] = None) -> str:
 
 
 def list_command(argv: list) -> None:
-    from modforge import manifest
+    from modforge.cli import manifest
 
     data = manifest.read() or manifest.of_registry()
     if len(argv) == 2 and argv[1] not in [*data["kinds"], *PRESET_GROUPS]:

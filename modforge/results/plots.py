@@ -22,7 +22,7 @@ try:
 except ImportError as e:  # the report still prints and writes its tables
     raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
 
-from modforge import stats
+from modforge.results import stats
 
 
 def read_curve(job_dir: Path, metric: str) -> dict[int, float]:

@@ -57,7 +57,7 @@ def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mma
 
 def load_checkpoint(path: str, map_location: str = "cpu", key: str = "ckpt"):
     """Rebuild a task (model, tokenizer, data facts) from a checkpoint file alone, in eval mode."""
-    from modforge.builtins import load_all
+    from modforge.plugins import load_all
     from modforge.data.base import DataFacts
     from modforge.registry import make_config
 

@@ -1,74 +1,137 @@
-"""Config plumbing shared by the entry points: where the YAML lives, checking the
-command line against the registry, and composing in-process (tests, notebooks)."""
-import contextlib
+"""Every check of a configuration, in one place: the command line against the registry and Hydra's groups
+(before composing), then the composed config of each job (:func:`validate`) before any work. A mistake is one
+:class:`~modforge.errors.ConfigError` naming the key, the value and what is allowed."""
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.builtins import load_all
-from modforge.devices import PRECISIONS
-from modforge.runs import register_resolver
-
-_PKG_CONF = Path(__file__).resolve().parent / "conf"  # in an installed wheel
-_SRC_CONF = Path(__file__).resolve().parent.parent / "conf"  # in a source checkout / editable install
-CONF_DIR = _PKG_CONF if (_PKG_CONF / "train.yaml").exists() else _SRC_CONF
+from modforge.config.composition import hydra_loader, parse_overrides, preset_options
+from modforge.config.schema import (LOGGER_PACKAGES, PRESET_GROUPS, PROGRESS, ROOT_KEYS, SET_BY_MODFORGE, TYPE_WORDS,
+                                    trainer_arguments)
+from modforge.utils.devices import PRECISIONS
 
 
-ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "init_from": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
-             "divergence_patience": (int, type(None)), "compile": (bool,), "dry_run": (bool,), "skip_invalid": (bool,),
-             "retry_failed": (bool,), "matmul_precision": (str, type(None)), "eval_block_sizes": (list,)}
-_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null",
-               list: "a list of block sizes, e.g. [128]"}
-PRESET_GROUPS = {"experiment": "presets of groups and values (conf/experiment/, and plugins')",
-                 "trainer": "lightning.Trainer settings (conf/trainer/)",
-                 "callbacks": "optional Lightning callbacks and the progress display (conf/callbacks/); "
-                              "several at once: callbacks=[default,early_stopping]",
-                 "logger": "where metrics go besides logs/metrics.csv (conf/logger/): csv, tensorboard, mlflow, "
-                           "wandb; several at once: logger=[tensorboard,mlflow]"}  # the YAML-only groups
+def validate(cfg: DictConfig, here: bool = True) -> None:
+    """Everything that can be checked before any work: every component group resolved to its typed config
+    (values in range), task, model and data fitting together, the root keys' types, the Trainer's values
+    (with ``here=False``, for jobs a cluster runs elsewhere, not those that depend on this machine's devices)."""
+    typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
+    check_trainer_keys(cfg.trainer)
+    check_callbacks(cfg.get("callbacks"))
+    check_loggers(cfg.get("logger"))
+    check_trainer_values(cfg.trainer, here)
+    for key in ROOT_KEYS:
+        check_root_value(key, cfg.get(key))
+    for kind in registry.kinds():  # nested kinds (ffn.activation, data.tokenizer): their names, now
+        where = registry.kind(kind).nested_in
+        name = OmegaConf.select(cfg, where) if where else None
+        if isinstance(name, str):
+            registry.get(kind, name)
+    if "data" in typed and hasattr(typed["data"][1], "tokenizer"):
+        from modforge.data.tokenizers import make_tokenizer
 
+        make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
+    if "optim" in typed and "scheduler" in typed:  # built once on a dummy parameter: their own checks, now
+        import torch
 
-@contextlib.contextmanager
-def hydra_loader() -> Iterator[Any]:
-    """Hydra's config loader over modforge's search path (plugins' YAML included), for the checks below."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+        opt = registry.build("optim", cfg.optim, [torch.nn.Parameter(torch.zeros(1))])
+        total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
+        d_model = getattr(typed.get("model", (None, None))[1], "d_model", 1)
+        registry.build("scheduler", cfg.scheduler, opt, d_model=d_model, total_steps=total)
+    if {"task", "model", "data"} <= set(typed):
+        from modforge.tasks.base import check_fit
 
-    load_all()
-    if GlobalHydra.instance().is_initialized():  # left over by an app that exited (in-process use)
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        yield GlobalHydra.instance().config_loader()
+        check_fit(typed["task"][0], typed["model"][0], typed["data"][0])
+    if "data" in typed:
+        typed["data"][0].cls.check_files(typed["data"][1])
+    if "data" in typed and "model" in typed:
+        (data_entry, data), (_, model) = typed["data"], typed["model"]
+        check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")
+    if cfg.get("eval_block_sizes") and "data" in typed and not hasattr(typed["data"][1], "block_size"):
+        raise registry.ConfigError(f"eval_block_sizes={list(cfg.eval_block_sizes)}: data={cfg.data.name} has no "
+                                   "block_size (evaluating at other lengths needs language-modelling data cut "
+                                   "into windows: stdlib, tinyshakespeare, text, hf)")
 
+def check_positions(longest: Optional[int], max_len: int, what: str) -> None:
+    """The longest sequence the data can produce must fit the model's positions / KV cache."""
+    if longest is not None and longest > max_len:
+        raise registry.ConfigError(
+            f"model.max_len={max_len} is shorter than the sequences of {what} ({longest} "
+            "positions, from its block_size / max_len); raise model.max_len or shorten the data"
+        )
 
-def one_line(e: BaseException) -> str:
-    """Hydra's and OmegaConf's multi-line messages as one line (what they say, without their key dumps)."""
-    skip = ("full_key:", "object_type", "reference_type", "Set the environment variable", "Traceback", "See https://",
-            "None")
-    lines, seen = [], set()
-    while e is not None and id(e) not in seen:  # Hydra's message, then the OmegaConf error that caused it
-        seen.add(id(e))
-        lines += [ln.strip() for ln in str(e).splitlines()
-                  if ln.strip() and not ln.strip().startswith(skip) and "$VALUE" not in ln]
-        e = e.__cause__ or e.__context__
-    lines = [ln for ln in dict.fromkeys(lines) if not ln.startswith("To append to your config use")]
-    if lines and lines[0].startswith("Could not override"):  # the key exists for other options of the group
-        lines[0] += " It is not a key of the option chosen in its group; python -m modforge.list shows each option's keys."
-    return "; ".join(lines[:2]) or "invalid configuration"
+def check_trainer_keys(trainer_cfg: Any) -> None:
+    for key in trainer_cfg:
+        check_trainer_key(key)
 
+def check_trainer_values(t: Any, here: bool = True) -> None:
+    """The Trainer values that Lightning or torch would only reject after data preparation, or never; with
+    ``here=False`` not those that depend on this machine's devices (a login node has no GPU)."""
+    def bad(key: str, why: str) -> None:
+        raise registry.ConfigError(f"trainer.{key}={t.get(key)}: {why}")
 
-def _parse(args: list, loader: Any = None) -> list:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    ms = t.get("max_steps")
+    if not isinstance(ms, int) or isinstance(ms, bool) or not (ms >= 1 or ms == -1):
+        bad("max_steps", "a positive number of optimizer steps (or -1: no limit, then set max_epochs)")
+    agb = t.get("accumulate_grad_batches")
+    if not isinstance(agb, int) or isinstance(agb, bool) or agb < 1:
+        bad("accumulate_grad_batches", "an integer >= 1")
+    vci = t.get("val_check_interval")
+    if isinstance(vci, bool) or (isinstance(vci, (int, float)) and vci <= 0):
+        bad("val_check_interval", "a positive number of steps (int), a fraction of an epoch (float), or a time")
+    if isinstance(vci, float) and t.get("check_val_every_n_epoch") is None:
+        bad("val_check_interval", "a fraction of an epoch needs trainer.check_val_every_n_epoch=1 (the default "
+            "validates by steps across epochs)")
+    cve = t.get("check_val_every_n_epoch")
+    if cve is not None and (isinstance(cve, bool) or not isinstance(cve, int) or cve < 1):
+        bad("check_val_every_n_epoch", "an integer >= 1, or null (validate by steps)")
+    lvb = t.get("limit_val_batches")
+    if lvb is not None and (isinstance(lvb, bool) or not isinstance(lvb, (int, float)) or lvb < 0):
+        bad("limit_val_batches", "a number >= 0")
+    clip = t.get("gradient_clip_val")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+        bad("gradient_clip_val", "a number >= 0 (or null: no clipping)")
+    if not here:
+        return
+    acc = str(t.get("accelerator") or "auto")
+    if acc in ("gpu", "cuda"):
+        import torch
 
+        if not torch.cuda.is_available():
+            raise registry.ConfigError(f"trainer.accelerator={acc}: no CUDA GPU is visible here "
+                                       "(torch.cuda.is_available() is False); use trainer=cpu")
+    # everything else the Trainer itself checks when it is built: build one now, before any data is read
+    import lightning as L
+
+    settings = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items()
+                if k not in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary")}
     try:
-        return OverridesParser.create(config_loader=loader).parse_overrides(args)
-    except HydraException as e:
-        raise registry.ConfigError(f"not a valid override: {one_line(e)}") from None
+        import logging
+        import warnings
+
+        quiet = logging.getLogger("lightning.pytorch")  # its "GPU available" lines and tips belong to the real run
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                built = L.Trainer(**settings, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                  enable_model_summary=False)
+        finally:
+            quiet.setLevel(level)
+    except Exception as e:  # noqa: BLE001 - Lightning's MisconfigurationException, ValueError, TypeError ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        named = [k for k in settings if f"{k}=" in first] or [k for k in settings if k in first]
+        where = f"trainer.{named[0]}={settings[named[0]]}" if named else "trainer"
+        raise registry.ConfigError(f"{where}: {first}") from None
+    if isinstance(lvb, float) and 0 < lvb < 1 and built.world_size > 1:
+        bad("limit_val_batches", f"a fraction cannot be validated exactly once over {built.world_size} DDP ranks "
+            "(each would take the fraction of its own part); give a number of batches, e.g. 50: the batches one "
+            "process would validate, split between the ranks")
 
 
 def check_overrides(args: Iterable[str], loader: Any = None) -> None:
@@ -90,7 +153,7 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
             return check_overrides(args, loader)
     kinds = set(registry.group_kinds())
     nested = {k: registry.kind(k).nested_in for k in registry.kinds() if not registry.kind(k).top_level}
-    for ov in _parse(args, loader):
+    for ov in parse_overrides(args, loader):
         key = ov.key_or_group.lstrip("+~")
         if ov.package or key.startswith("hydra.") or key.startswith("hydra/") and ov.is_delete() or key == "hydra":
             continue
@@ -139,7 +202,6 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
                     f"Keys of {head} options: {', '.join(fields)}."
                 )
 
-
 def _values(ov: Any) -> list:
     """The values an override names (each of a sweep's); [] for a glob, whose names come from the group."""
     from hydra.core.override_parser.types import Glob
@@ -151,15 +213,6 @@ def _values(ov: Any) -> list:
     except Exception:  # noqa: BLE001 - an interval sweep has no list of values; Hydra's sweeper handles it
         return []
 
-
-def preset_options(group: str, loader: Any = None) -> list[str]:
-    """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
-    if loader is None:
-        with hydra_loader() as loader:
-            return preset_options(group, loader)
-    return [o for o in loader.get_group_options(group) if o != "lightning"]  # trainer/lightning: the schema
-
-
 def check_preset(group: str, values: list, loader: Any) -> None:
     options = preset_options(group, loader)
     values = [x for v in values for x in (v if isinstance(v, list) else [v])]  # group=[a,b]: several options
@@ -169,13 +222,11 @@ def check_preset(group: str, values: list, loader: Any) -> None:
                 f"Unknown {group} '{v}'.{registry.suggest(str(v), options)} Available {group} options: "
                 f"{', '.join(options) or 'none'}.")
 
-
 def _check_root(line: str, head: str, sub: str, values: list) -> None:
     if sub:
         raise registry.ConfigError(f"{line}: {head} is a value, it has no keys")
     for v in values:
         check_root_value(head, v, line)
-
 
 def check_root_value(key: str, v: Any, line: str = "") -> None:
     allowed = ROOT_KEYS[key]
@@ -190,55 +241,13 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
                                    f"(torch.set_float32_matmul_precision), or null (high on CUDA: TF32; else highest)."
                                    + registry.suggest(str(v), list(PRECISIONS)))
     if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
-        want = " or ".join(_TYPE_WORDS[t] for t in allowed)
+        want = " or ".join(TYPE_WORDS[t] for t in allowed)
         raise registry.ConfigError(f"{line or f'{key}={v}'}: {key} must be {want}, not {v!r}")
     if key == "seed" and not 0 <= v < 2 ** 32:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
     if key == "divergence_patience" and v is not None and v < 1:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: divergence_patience must be >= 1 (training batches in a row), "
                                    "or null (never stop)")
-
-
-def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
-    """The overrides of each job the command runs: itself, or each job of the sweep (its command-line
-    sweeps and the grid an experiment carries in ``hydra.sweeper.params``, crossed with each of its
-    ``hydra.sweeper.cells``), expanded as modforge's sweeper does."""
-    from modforge import sweep
-
-    args = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
-    if not multirun:
-        return [args]
-    parsed = _parse(args, loader)
-    fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
-    cfg = compose_job(fixed, hydra=True)
-    try:
-        return sweep.expand_jobs(cfg.hydra.sweeper.get("cells"), cfg.hydra.sweeper.get("params") or {}, args,
-                                 lambda a: _parse(a, loader))
-    except registry.ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - e.g. an interval, which only a sampling sweeper (Optuna) can use
-        raise registry.ConfigError(f"the sweep cannot be expanded into jobs: {one_line(e)} (quote a value with "
-                                   "commas, e.g. 'hydra.sweeper.params.norm=\"layer,rms\"'; intervals need a "
-                                   "sampling sweeper such as Optuna's)") from None
-
-
-def compose_job(overrides: list, hydra: bool = False) -> DictConfig:
-    """Compose one job's config (its overrides already checked); any composition error is one ConfigError."""
-    from hydra import compose as h_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    ctx = contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
-        initialize_config_dir(str(CONF_DIR), version_base="1.3")
-    with ctx:
-        try:
-            return h_compose("train", overrides=list(overrides), return_hydra_config=hydra)
-        except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError, KeyError) as e:
-            raise registry.ConfigError(one_line(e)) from None
-
 
 def check_output_dir(path: str, key: str) -> None:
     """The run (or sweep) directory must be creatable: its nearest existing ancestor a writable directory."""
@@ -251,12 +260,9 @@ def check_output_dir(path: str, key: str) -> None:
     if not os.access(probe, os.W_OK | os.X_OK) or str(probe).startswith(("/proc", "/sys")):
         raise registry.ConfigError(f"{key}={path}: {probe} is not writable; choose another {key}")
 
-
 def check_callbacks(node: Any) -> None:
     """The ``callbacks`` config: a known progress display, and every ``_target_`` an importable Lightning
     callback class (a typo fails here, in one line, not after data preparation)."""
-    from modforge.monitoring import PROGRESS
-
     node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else (node or {})
     progress = node.get("progress", "auto")
     if progress not in PROGRESS:
@@ -282,11 +288,6 @@ def check_callbacks(node: Any) -> None:
         if not (isinstance(cls, type) and issubclass(cls, L.Callback)):
             raise registry.ConfigError(f"callbacks.{name}._target_={value['_target_']}: not a lightning Callback")
 
-
-LOGGER_PACKAGES = {"TensorBoardLogger": ("tensorboard", "tensorboardX"), "MLFlowLogger": ("mlflow",),
-                   "WandbLogger": ("wandb",), "CometLogger": ("comet_ml",), "NeptuneLogger": ("neptune",)}
-
-
 def check_loggers(node: Any) -> None:
     """Every ``logger`` entry: a Lightning logger class whose package is installed (one line naming the extra
     to install, before any work)."""
@@ -309,7 +310,6 @@ def check_loggers(node: Any) -> None:
             raise registry.ConfigError(f"logger={name} needs the {' or '.join(needs)} package: "
                                        "pip install 'modforge[loggers]'")
 
-
 def _locate_class(key: str, path: str) -> Any:
     """The class ``path`` names (hydra.utils.get_class would also log the error, to handlers of an earlier run)."""
     import importlib
@@ -328,11 +328,8 @@ def _locate_class(key: str, path: str) -> Any:
         return obj
     raise registry.ConfigError(f"{key}._target_={path}: cannot be imported (no module in {path})")
 
-
 def check_trainer_key(key: str) -> None:
-    """``key`` must be a Trainer argument that a config may set (see modforge.trainer_schema)."""
-    from modforge.trainer_schema import SET_BY_MODFORGE, trainer_arguments
-
+    """``key`` must be a Trainer argument that a config may set (see modforge.config.schema)."""
     if key == "logger":
         raise registry.ConfigError("trainer.logger: choose loggers with logger=... (conf/logger/: csv, tensorboard, "
                                    "mlflow, wandb; several: logger=[tensorboard,mlflow]); logs/metrics.csv is "
@@ -349,43 +346,3 @@ def check_trainer_key(key: str) -> None:
             f"trainer.{key}: not an argument of lightning.Trainer.{registry.suggest(key, allowed)} "
             f"Arguments: {', '.join(allowed)}."
         )
-
-
-def run_dirname(overrides: str, limit: int = 120) -> str:
-    """One safe directory name for a sweep job, from Hydra's ``override_dirname``.
-
-    Hydra puts the overrides into the name as they are, so ``data.path=../a/b.txt``
-    would nest the job three directories deep and a long sweep line would pass
-    the file system's 255-byte limit. Here ``/`` becomes ``_`` and a name longer
-    than ``limit`` bytes is cut and ends in a hash of the whole, so names stay distinct.
-    """
-    name = overrides.replace("/", "_").replace("\\", "_") or "defaults"
-    raw = name.encode()
-    if len(raw) > limit:  # bytes, not characters: the file system's limit is in bytes
-        name = raw[: limit - 9].decode(errors="ignore") + "-" + hashlib.sha256(raw).hexdigest()[:8]
-    return name
-
-
-OmegaConf.register_new_resolver("modforge_dirname", run_dirname, replace=True)
-register_resolver()  # ${modforge_new_dir:...}: the default run and sweep directories (modforge.runs)
-from modforge import launchers  # noqa: E402
-launchers.register_resolvers()  # ${modforge_gpus:...}, ${modforge_tasks:...}: cluster launchers' resources
-import modforge.sweep  # noqa: E402,F401 - stores hydra/sweeper=modforge, which conf/train.yaml selects
-
-
-def to_plain(cfg: DictConfig) -> dict:
-    """The resolved config as plain containers, without Hydra's own node."""
-    d = OmegaConf.to_container(cfg, resolve=True)
-    d.pop("hydra", None)
-    return d
-
-
-def compose(overrides: Optional[list] = None) -> DictConfig:
-    """Compose the run config in-process, as ``python -m modforge.train`` would (no output dir); every mistake
-    is a one-line ConfigError."""
-    load_all()
-    overrides = list(overrides or [])
-    check_overrides(overrides)
-    return compose_job(overrides)
-
-

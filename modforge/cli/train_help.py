@@ -1,13 +1,14 @@
 """The front door of ``python -m modforge.train``: its help and its Tab completion, without torch or Lightning.
 
-Both answer from the registry's data (:mod:`modforge.manifest`), so they take a
+Both answer from the registry's data (:mod:`modforge.cli.manifest`), so they take a
 fraction of a second. Hydra's own help would compose every group (seconds), and
 Hydra's bash completion only knows ``python <script file>``, not ``python -m``.
 """
 import os
 from typing import Optional
 
-from modforge.config import PRESET_GROUPS
+from modforge.cli.command import wants_help
+from modforge.config.schema import PRESET_GROUPS
 
 TRAIN_HELP = """python -m modforge.train [-m] [group=option ...] [key=value ...]   (also: modforge-train)
 
@@ -32,7 +33,7 @@ seed, resume, eval_at_start, eval_block_sizes, sample, compile, divergence_patie
 dry_run, skip_invalid, retry_failed
 (conf/train.yaml says what each does); trainer.<any lightning.Trainer argument>; <group>.<parameter>
 
-More: python -m modforge.list [KIND [NAME]]   every option with its parameters and defaults
+More: python -m modforge list [KIND [NAME]]   every option with its parameters and defaults
       python -m modforge.train --cfg job       the composed config;  --hydra-help: Hydra's own flags
       eval "$(python -m modforge.train -sc install=bash)"   Tab completion, for python -m modforge.train
 """
@@ -80,7 +81,7 @@ def as_hydra_completion_line() -> None:
 
 def train_help(data: dict) -> str:
     """The command's help from the registry's data (the cached manifest: no torch, no Hydra composition)."""
-    from modforge import manifest
+    from modforge.cli import manifest
 
     lines = [f"{k}: {', '.join(e['name'] for e in v['entries'])}" for k, v in data["kinds"].items() if v["top_level"]]
     lines += [f"{g}: {', '.join(manifest.preset_options(data, g))}" for g in PRESET_GROUPS]
@@ -89,9 +90,9 @@ def train_help(data: dict) -> str:
 
 def answer(argv: list, cached: Optional[dict]) -> bool:
     """Answer ``--help`` and ``-sc install=bash`` (True: done); ready a completion query for Hydra."""
-    from modforge import manifest
+    from modforge.cli import manifest
 
-    if any(a in ("-h", "--help") for a in argv):
+    if wants_help(argv):
         print(train_help(cached or manifest.of_registry()))
         return True
     shell = completion_request(argv)

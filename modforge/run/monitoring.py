@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ProgressBar, ThroughputMonitor
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from modforge.output import say
+from modforge.utils.console import say
 
 
 # --------------------------------------------------------------------------- progress
@@ -63,7 +63,6 @@ class LogProgress(ProgressBar):
         say(f"step {trainer.global_step}  {what}  " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(val.items())))
 
 
-PROGRESS = ("auto", "tqdm", "rich", "log", "none")
 
 
 def progress_callbacks(choice: str, every: int, stdout_is_terminal: bool) -> list:
@@ -208,7 +207,7 @@ class _AppendingWriter(ExperimentWriter):
 
 class AppendingCSVLogger(CSVLogger):
     """``CSVLogger`` whose ``metrics.csv`` a resumed run appends to (trimmed to its checkpoint's step first,
-    by :func:`modforge.runs.trim_metrics_csv`), so the file reads as one uninterrupted run's."""
+    by :func:`modforge.run.dirs.trim_metrics_csv`), so the file reads as one uninterrupted run's."""
 
     @property
     def experiment(self) -> ExperimentWriter:

@@ -9,23 +9,25 @@ what a long ablation needs around it:
   width) lists them, each a mapping of overrides; every cell is crossed with the
   grid (``params`` and the command line's sweeps), cells in the order listed;
 
-* **plan**: each job's directory is read before anything starts (:func:`modforge.runs.read_state`):
+* **plan**: each job's directory is read before anything starts (:func:`modforge.run.dirs.read_state`):
   a finished or diverged job is skipped, an interrupted one resumes from its
   ``last.ckpt`` in place, a failed one is skipped unless ``retry_failed=true``,
   a new one runs. Re-running a sweep command against its sweep directory
   (``hydra.sweep.dir=...``, or ``-m resume=<sweep dir>``) therefore continues it.
   A directory that holds a run of another configuration is never written to.
-* **invalid jobs** (found by the pre-flight of ``modforge.train``) stop the sweep
-  before it starts, or with ``skip_invalid=true`` are left out;
+* **invalid jobs** (found by the pre-flight, :mod:`modforge.cli.preflight`) stop the sweep
+  before it starts, or with ``skip_invalid=true`` are left out: the pre-flight's verdicts
+  reach the sweeper in the sweep directory (:mod:`modforge.sweeps.record`);
 * **dry run** (``dry_run=true``): the plan is printed, nothing runs;
 * **launch**: the jobs to run go to whichever launcher is configured (basic,
   joblib, or a cluster's) in blocks of consecutive job numbers, so each job
   keeps its number and directory. A launcher that breaks (a killed joblib
   worker) ends only its block: jobs it never started are launched again;
-* **summary**: one line of counts, one line per job that failed, and an
-  exit code for ``modforge.train`` (1 when a job failed or was interrupted).
+* **summary**: one line of counts, one line per job that failed, and the
+  exit code of the command (1 when a job failed or was interrupted), written to
+  ``sweep.json`` in the sweep directory, where the command reads them.
 
-Each job itself records its own status (``modforge.train`` catches a job's
+Each job itself records its own status (:mod:`modforge.sweeps.job` catches a job's
 exception, writes ``status.json`` and returns, so the next job runs).
 """
 import itertools
@@ -35,25 +37,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeperConf
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf, open_dict
 
-from modforge.runs import CONTROL_KEYS, FINAL, SWEEP_KEYS, config_difference, is_locked, read_state
+from modforge.config.grid import expand_jobs, labels
+from modforge.errors import ConfigError, ModforgeError
+from modforge.run.dirs import CONTROL_KEYS, FINAL, SWEEP_KEYS, config_difference, is_locked, read_state
+from modforge.sweeps.record import job_key, take_invalid, write_outcome
 
 log = logging.getLogger(__name__)
-
-INVALID: dict = {}  # pre-flight results: job overrides (sorted tuple) -> the one-line reason it is invalid
-OUTCOME: dict = {}  # the last sweep's counts and exit code, for modforge.train
-
-
-def job_key(overrides: Any) -> tuple:
-    """A job's identity between the pre-flight and the sweeper: its task overrides, without the sweep's switches
-    (the pre-flight sees the whole command line, hydra.* included; the sweeper only the task's part)."""
-    keys = [(str(o), str(o).split("=", 1)[0].lstrip("+~")) for o in overrides]
-    return tuple(sorted(o for o, k in keys if k not in SWEEP_KEYS and not k.startswith(("hydra.", "hydra/"))))
 
 
 @dataclass
@@ -93,6 +88,7 @@ class PlannedSweeper(Sweeper):
         self.params = dict(params or {})  # hydra.sweeper.params: the grid an experiment carries
         self.cells = cells  # hydra.sweeper.cells: the configurations it lists, each crossed with the grid
         self.hydra_context = self.config = self.launcher = None
+        self.invalid: dict = {}  # job key -> why the pre-flight found it invalid (skip_invalid=true)
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         from hydra.core.plugins import Plugins
@@ -107,22 +103,22 @@ class PlannedSweeper(Sweeper):
         flags = {k: bool(cfg.get(k, False)) for k in SWEEP_KEYS}
         jobs = self.expand([a for a in arguments if a.split("=", 1)[0].lstrip("+~") not in SWEEP_KEYS])
         sweep_dir = Path(str(cfg.hydra.sweep.dir))
+        self.invalid = take_invalid(sweep_dir)
         plan = [self.plan_safely(i, job, flags) for i, job in enumerate(jobs)]
         print_plan(plan, sweep_dir, dry=flags["dry_run"])
         conflicts = [p for p in plan if p.action == "conflict"]
         if conflicts:
-            OUTCOME.update(exit=2, summary=f"error: {len(conflicts)} job directories cannot be used (another "
-                           f"configuration's run, or one training now), so the sweep does not start: " + "; ".join(
-                               f"#{p.num} {p.dir}: {p.why}" for p in conflicts))
+            write_outcome(sweep_dir, {"exit": 2, "summary": f"error: {len(conflicts)} job directories cannot be used "
+                          f"(another configuration's run, or one training now), so the sweep does not start: "
+                          + "; ".join(f"#{p.num} {p.dir}: {p.why}" for p in conflicts), "jobs": jobs_record(plan)})
             return []
         if flags["dry_run"]:
-            OUTCOME.update(exit=0, summary=None)
             return []
         self.record_sweep(sweep_dir, cfg)
         returns = []
         for block in blocks([p for p in plan if p.runs]):
             returns += self.launch(block)
-        OUTCOME.update(summarise(plan, sweep_dir))
+        write_outcome(sweep_dir, {**outcome(plan, sweep_dir), "jobs": jobs_record(plan)})
         return returns
 
     def expand(self, arguments: list) -> list:
@@ -145,8 +141,8 @@ class PlannedSweeper(Sweeper):
                            + (str(e).strip().splitlines() or [""])[0])
 
     def plan_job(self, num: int, overrides: list, flags: dict) -> Planned:
-        if job_key(overrides) in INVALID:
-            return Planned(num, overrides, None, "invalid", INVALID[job_key(overrides)])
+        if job_key(overrides) in self.invalid:
+            return Planned(num, overrides, None, "invalid", self.invalid[job_key(overrides)])
         job_cfg = self.job_config(num, overrides)
         d = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
         state = read_state(d)
@@ -182,8 +178,6 @@ class PlannedSweeper(Sweeper):
     def launch(self, block: list) -> list:
         """Launch one block of consecutive jobs; a launcher that breaks ends only that block: jobs it never
         started are launched again (once); those it left half-done are reported as interrupted."""
-        from modforge.registry import ModforgeError
-
         try:
             return list(self.launcher.launch([p.overrides for p in block], initial_job_idx=block[0].num))
         except ModforgeError:
@@ -201,43 +195,6 @@ class PlannedSweeper(Sweeper):
                 except Exception:  # noqa: BLE001 - broken twice: what ran is in the summary
                     pass
             return out
-
-
-def cell_overrides(cells: Any) -> list:
-    """``hydra.sweeper.cells`` -> one list of ``key=value`` overrides per cell ([[]]: no cells, the grid alone)."""
-    from modforge.registry import ConfigError
-
-    if cells is None:
-        return [[]]
-    if OmegaConf.is_config(cells):
-        cells = OmegaConf.to_container(cells)
-    if not isinstance(cells, list) or not cells or not all(isinstance(c, dict) and c for c in cells):
-        raise ConfigError(f"hydra.sweeper.cells={cells!r}: must be a non-empty list of mappings of overrides, "
-                          "e.g. [{ffn: swiglu}, {ffn: mlp, ffn.activation: silu}]")
-    return [[f"{k}={_override_value(v)}" for k, v in c.items()] for c in cells]
-
-
-def _override_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return "null" if v is None else str(v)
-
-
-def expand_jobs(cells: Any, params: dict, arguments: list, parse) -> list:
-    """Every job's overrides: each cell (in order) crossed with the grid (``params``, then the command line),
-    the grid expanded as Hydra's basic sweeper expands it. ``parse`` is an ``OverridesParser.parse_overrides``."""
-    from modforge.registry import ConfigError
-
-    grid = [f"{k}={v}" for k, v in (params or {}).items()] + list(arguments)
-    jobs = []
-    for cell in cell_overrides(cells):
-        mine = {o.split("=", 1)[0] for o in cell}
-        clash = [a for a in grid if a.split("=", 1)[0].lstrip("+~") in mine]
-        if clash:
-            raise ConfigError(f"{clash[0]}: that key is set by a cell of hydra.sweeper.cells ({' '.join(cell)}); "
-                              "set it in every cell, or remove it from the cells")
-        jobs += [list(job) for batch in BasicSweeper.split_arguments(parse(cell + grid), None) for job in batch]
-    return jobs
 
 
 def config_stamp(d: Path) -> Optional[int]:
@@ -266,16 +223,15 @@ def print_plan(plan: list, sweep_dir: Path, dry: bool) -> None:
     n_run = sum(p.runs for p in plan)
     head = "dry run, nothing is trained" if dry else f"{n_run} to run"
     print(f"[modforge] sweep {sweep_dir}: {len(plan)} jobs ({head})")
-    from modforge.launchers import labels
-
     for p, mine in zip(plan, labels([p.overrides for p in plan])):
         what = WHAT[p.action] + (f" ({p.why})" if p.why and p.action != "invalid" else "")
         where = p.dir if p.dir is not None else p.why
         print(f"  #{p.num:<3} {mine:<40} {what}\n       {where}")
 
 
-def summarise(plan: list, sweep_dir: Path) -> dict:
-    """Counts by status over every job of the sweep (its directory's record, not the launcher's word)."""
+def outcome(plan: list, sweep_dir: Path) -> dict:
+    """Counts by status over every job of the sweep (its directory's record, not the launcher's word), the summary
+    to print, and the exit code of the command (1 when a job failed or was interrupted)."""
     counts = {s: 0 for s in ("finished", "failed", "diverged", "interrupted")}
     problems = []
     for p in plan:
@@ -296,10 +252,14 @@ def summarise(plan: list, sweep_dir: Path) -> dict:
     return {"exit": 1 if bad else 0, "summary": "\n".join([line, *problems]), "counts": counts}
 
 
+def jobs_record(plan: list) -> list:
+    """Each job's number, overrides, directory and planned action, for ``sweep.json``."""
+    return [{"num": p.num, "overrides": list(p.overrides), "dir": str(p.dir) if p.dir else None, "action": p.action,
+             **({"why": p.why} if p.why else {})} for p in plan]
+
+
 def sweep_command(sweep_dir: Path) -> tuple[list, list]:
     """(task overrides, hydra overrides) of the sweep recorded in ``sweep_dir/multirun.yaml``."""
-    from modforge.registry import ConfigError
-
     record = Path(sweep_dir) / "multirun.yaml"
     if not record.is_file():
         raise ConfigError(f"resume={sweep_dir}: no multirun.yaml there, so it is not a sweep directory "

@@ -10,33 +10,22 @@ resumable when it has a checkpoint. :func:`read_state` reads all of that, for
 the training command (which continues such a run in place), the sweeper (which
 skips, resumes or runs each job) and the report.
 
-New run and sweep directories come from :func:`new_dir`, used by the default
-``hydra.run.dir`` and ``hydra.sweep.dir``: the time-stamped name is claimed with an
-atomic ``mkdir``, so two commands started in the same second get ``…/12-00-00``
-and ``…/12-00-00-2``, never one shared directory.
+New run and sweep directories are named by :mod:`modforge.config.resolvers`.
 """
-import atexit
 import contextlib
 import csv
 import json
 import math
-import os
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
-from modforge.registry import ConfigError
+from modforge.errors import ModforgeError, RunDirTaken
 
 FINAL = ("finished", "diverged")  # a run in one of these has nothing left to do
 RECORDS = ("config.yaml", "metrics.json", "status.json", "checkpoints", "logs")  # what a run writes
-
-
-class RunDirTaken(ConfigError):
-    """The directory holds another run (or one training now): nothing may be written there, not even a
-    failure record."""
 
 
 @dataclass
@@ -144,7 +133,7 @@ def clear_records(d: Path) -> None:
 def trim_metrics_csv(path: Path, step: int) -> None:
     """Drop the rows a killed session logged after its last checkpoint (``step``): the resumed run logs
     them again, and the file then reads as the uninterrupted run's."""
-    from modforge.io import atomic_file
+    from modforge.utils.files import atomic_file
 
     path = Path(path)
     if not path.is_file():
@@ -205,46 +194,27 @@ def is_locked(d: Path) -> bool:
         return False
 
 
-# --------------------------------------------------------------------------- new directories
+# --------------------------------------------------------------------------- a run that raises
 
-_CLAIMED: dict[str, str] = {}
+@contextlib.contextmanager
+def failure_recorded(out_dir: Path):
+    """A run that raises leaves ``status.json`` beside its other records: ``failed`` with the one-line error (and
+    the traceback, for anything but a configuration error), or ``interrupted`` (Ctrl-C, SIGTERM: Lightning
+    turns both into SystemExit); the report and a re-run of the sweep read it. The exception then goes on."""
+    try:
+        yield
+    except RunDirTaken:
+        raise  # the directory is another run's: nothing is written there
+    except BaseException as e:
+        import traceback
 
+        from modforge.utils.files import write_json
 
-def new_dir(pattern: str) -> str:
-    """``pattern`` (strftime codes: ``outputs/%Y-%m-%d/%H-%M-%S``) for now, claimed by creating it.
-
-    ``os.mkdir`` fails when another process made the directory first, so the
-    name then gets ``-2``, ``-3``, ...: two commands never share one. The result
-    is kept for the life of the process (Hydra resolves the directory several
-    times). A claimed directory still empty when the process exits (a dry run,
-    a refused command) is removed again.
-    """
-    if pattern not in _CLAIMED:
-        base = datetime.now().strftime(pattern)
-        made = [p for p in Path(base).parents if str(p) not in ("", ".") and not p.exists()]
-        Path(base).parent.mkdir(parents=True, exist_ok=True)
-        for i in range(1, 10_000):
-            candidate = base if i == 1 else f"{base}-{i}"
-            try:
-                os.mkdir(candidate)
-            except FileExistsError:
-                continue
-            break
-        else:
-            raise OSError(f"{base}: no free directory name after 9999 tries")
-        _CLAIMED[pattern] = candidate
-        atexit.register(_remove_if_empty, [candidate, *map(str, made)])
-    return _CLAIMED[pattern]
-
-
-def _remove_if_empty(paths: list) -> None:
-    """The claimed directory and the parents made for it, innermost first, while they are empty."""
-    with contextlib.suppress(OSError):
-        for p in paths:
-            os.rmdir(p)  # only succeeds when empty
-
-
-def register_resolver() -> None:
-    from omegaconf import OmegaConf
-
-    OmegaConf.register_new_resolver("modforge_new_dir", new_dir, replace=True, use_cache=True)
+        record = {"status": "failed" if isinstance(e, Exception) else "interrupted",
+                  "error": (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]}
+        if isinstance(e, Exception) and not isinstance(e, ModforgeError):
+            record["traceback"] = "".join(traceback.format_exception(e))
+        with contextlib.suppress(OSError):
+            if out_dir.is_dir():
+                write_json(out_dir / "status.json", record)
+        raise

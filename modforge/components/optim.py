@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from modforge.devices import fused_optimizer
+from modforge.utils.devices import fused_optimizer
 from modforge.registry import ConfigError, declare, register
 
 # Optimizers are functions cfg, params -> torch.optim.Optimizer; schedules are functions

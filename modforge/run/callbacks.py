@@ -1,5 +1,5 @@
 """The callbacks every run has, for its integrity: what it carries across a resume, when it stops, how its
-checkpoints are written (what a run shows and logs is :mod:`modforge.monitoring`'s).
+checkpoints are written (what a run shows and logs is :mod:`modforge.run.monitoring`'s).
 
 * :class:`RunRecord`: timers, global RNG states and the step-0 loss, carried in every checkpoint so that a
   resumed run continues bit for bit and reports times for the whole run;
@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from modforge.io import atomic_file, remove_stale_temporaries
+from modforge.utils.files import atomic_file, remove_stale_temporaries
 
 
 # --------------------------------------------------------------------------- RNG states

@@ -2,7 +2,7 @@
 
 :mod:`modforge.registry` is the ground floor and knows nothing above it; this
 module knows the whole house. Entry points (``train``, ``generate``, ``list``,
-:func:`modforge.config.compose`, :func:`modforge.checkpoints.load_checkpoint`)
+:func:`modforge.config.composition.compose`, :func:`modforge.checkpoints.files.load_checkpoint`)
 call :func:`load_all` before they compose a config or build a component.
 
 * :func:`load_builtins` imports every module that declares a kind or registers
@@ -29,14 +29,14 @@ def load_builtins() -> None:
         return
     with registry.provider(registry.BUILTIN):
         # Each kind is declared under its base class, in the module of its variants; the order of these
-        # imports is the order of the kinds (in `modforge.list`, config.yaml and metrics.json).
+        # imports is the order of the kinds (in `modforge.catalog`, config.yaml and metrics.json).
         from modforge.models import architectures  # noqa: F401  model
         from modforge.tasks import base  # noqa: F401  task
         from modforge.data import tokenizers, base as _  # noqa: F401  tokenizer (nested: data.tokenizer), data
         from modforge.components import norms, residual, ffn, activations, positions, attention  # noqa: F401
         from modforge.tasks import classify, lm, seq2seq  # noqa: F401  the tasks
         from modforge.data import classify as _c, lm as _l, parallel, seq2seq as _s  # noqa: F401  the data sets
-        from modforge import optim, trainer_schema  # noqa: F401  optim, scheduler; the trainer group's schema
+        from modforge.components import optim  # noqa: F401  optim, scheduler
     _builtins_loaded = True
 
 

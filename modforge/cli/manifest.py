@@ -1,10 +1,10 @@
-"""The registry as data, cached: so ``--help``, Tab completion and ``modforge.list`` answer without torch.
+"""The registry as data, cached: so ``--help``, Tab completion and ``modforge list`` answer without torch.
 
 Loading the registry imports every component module, and with them torch and
 Lightning (seconds). What the front door needs is only data: the kinds, their
 options with their parameters and defaults, the plugins' config directories and
 the Trainer's arguments. :func:`write` stores that as JSON after any full load
-(every training run and ``modforge.list`` refresh it); :func:`read` returns it
+(every training run and ``modforge list`` refresh it); :func:`read` returns it
 while it is current. Current means: the same modforge version, the same
 installed plugins (distribution and version), and no source or config file of
 modforge or of a plugin changed since (sizes and modification times: an
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from modforge import __version__, registry
+from modforge.plugins import ENTRY_POINT_GROUP
 
-ENTRY_POINT_GROUP = "modforge.plugins"
 installed = False  # set by install(): the registry's data is in Hydra without the registry being loaded
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # modforge/
 
 
 def cache_file() -> Path:
-    from modforge.io import cache_dir
+    from modforge.utils.files import cache_dir
 
     return cache_dir() / "manifest.json"
 
@@ -68,7 +68,7 @@ def _plain(value: Any) -> Any:
 
 def build() -> dict:
     """The loaded registry as data (call after ``load_all``)."""
-    from modforge.trainer_schema import trainer_arguments
+    from modforge.config.schema import trainer_arguments
 
     kinds = {}
     for kind in registry.kinds():
@@ -102,7 +102,7 @@ def _as_file(path: str) -> str:
 def write(data: Optional[dict] = None) -> None:
     """Store ``data`` (default: the manifest of the registry now loaded); best effort: a read-only cache only
     costs speed."""
-    from modforge.io import write_json
+    from modforge.utils.files import write_json
 
     try:
         write_json(cache_file(), data or build())
@@ -147,9 +147,9 @@ def install(data: dict) -> None:
 
 def of_registry() -> dict:
     """The same data from the loaded registry (when no current manifest is cached)."""
-    from modforge.builtins import load_all
+    from modforge.config.composition import load
 
-    load_all()
+    load()
     data = build()
     write(data)
     return data
@@ -158,7 +158,7 @@ def of_registry() -> dict:
 def preset_options(data: dict, group: str) -> list:
     """The YAML options of a preset group (modforge's conf/ and the plugins' config directories), read as
     files: no Hydra composition."""
-    from modforge.config import CONF_DIR
+    from modforge.config.composition import CONF_DIR
 
     dirs = [Path(CONF_DIR)] + [Path(_as_file(p).replace("file://", "")) for _, p in data.get("config_dirs", [])]
     names = {f.stem for d in dirs for f in (d / group).glob("*.yaml")} if dirs else set()

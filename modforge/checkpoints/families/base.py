@@ -1,0 +1,141 @@
+"""What every pretrained family shares: reading a Hugging Face model directory (``config.json`` and its
+weights, sharded or not), the :class:`Family` contract (its config as modforge overrides, its tensor names
+both ways), the :class:`Taker` that checks every tensor is used exactly once, and the special tokens a
+tokenizer's files name."""
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from modforge.errors import ConfigError
+
+
+# Hugging Face's activation names (GPT-2's activation_function, BERT's hidden_act) -> modforge's
+HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
+                    "silu": "silu", "tanh": "tanh"}
+
+
+def read_hf_dir(directory: Any) -> tuple[Path, dict]:
+    d = Path(str(directory)).expanduser()
+    if not (d / "config.json").is_file():
+        raise ConfigError(f"hf={directory}: no config.json there; give a local Hugging Face model directory "
+                          "(the one save_pretrained writes: config.json, model.safetensors or pytorch_model.bin, "
+                          "tokenizer.json)")
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ConfigError(f"hf={directory}: config.json is not JSON ({e})") from None
+    return d, cfg
+
+def read_hf_weights(d: Path) -> dict:
+    """Every tensor of the directory: model.safetensors (or its shards), else pytorch_model.bin (or its shards)
+    loaded with ``weights_only=True`` (a pickle that would run code is refused)."""
+    from safetensors.torch import load_file
+
+    for index, single, load in (("model.safetensors.index.json", "model.safetensors", lambda p: load_file(str(p))),
+                                ("pytorch_model.bin.index.json", "pytorch_model.bin", _load_bin)):
+        if (d / index).is_file():
+            files = sorted(set(json.loads((d / index).read_text())["weight_map"].values()))
+            state: dict = {}
+            for f in files:
+                state.update(load(d / f))
+            return state
+        if (d / single).is_file():
+            return load(d / single)
+    raise ConfigError(f"hf={d}: no weights (model.safetensors or pytorch_model.bin, or their sharded index)")
+
+def _load_bin(path: Path) -> dict:
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(f"{path}: refused: it holds pickled Python objects besides tensors (loading it could run "
+                          f"code): {str(e).splitlines()[0]}") from None
+
+class Family:
+    """One Hugging Face model family: config and weights in (``overrides``, ``to_ours``) and, where it can hold
+    what modforge built, out (``mismatch``, ``hf_config``, ``to_theirs``)."""
+
+    model_type = "?"
+    exportable = False
+
+    def overrides(self, c: dict) -> list[str]:
+        raise NotImplementedError
+
+    def to_ours(self, theirs: dict, c: dict, n_layers: int) -> dict:
+        raise NotImplementedError
+
+    def mismatch(self, run: dict) -> Optional[str]:
+        return f"modforge does not export to {self.model_type}"
+
+    def hf_config(self, run: dict, vocab_size: int, specials: dict) -> dict:
+        raise NotImplementedError
+
+    def to_theirs(self, ours: dict, n_layers: int, run: dict) -> dict:
+        raise NotImplementedError
+
+def need(c: dict, key: str, allowed: Any, what: str) -> None:
+    """Refuse an option the mapping does not represent, in one line naming it."""
+    value = c.get(key, allowed if not isinstance(allowed, tuple) else allowed[0])
+    ok = value in allowed if isinstance(allowed, tuple) else value == allowed
+    if not ok:
+        raise ConfigError(f"{what} {key}={value!r} is not supported (supported: "
+                          f"{', '.join(map(repr, allowed)) if isinstance(allowed, tuple) else repr(allowed)})")
+
+class Taker:
+    """Takes tensors out of a checkpoint's state by name, so that what is left over can be listed (or refused)."""
+
+    def __init__(self, state: dict, prefixes: tuple = ()):
+        self.state = {}
+        for k, v in state.items():
+            for p in prefixes:
+                if k.startswith(p):
+                    k = k[len(p):]
+                    break
+            self.state[k.replace(".gamma", ".weight").replace(".beta", ".bias")] = v  # old BERT names
+
+    def __call__(self, key: str) -> torch.Tensor:
+        if key not in self.state:
+            raise ConfigError(f"the checkpoint has no tensor {key!r}: not a complete checkpoint of this family")
+        return self.state.pop(key)
+
+    def optional(self, key: str) -> Optional[torch.Tensor]:
+        return self.state.pop(key, None)
+
+    def rest(self, ignorable: Callable[[str], bool]) -> list[str]:
+        unknown = [k for k in self.state if not ignorable(k)]
+        if unknown:
+            raise ConfigError(f"the checkpoint has tensors this conversion does not know: {', '.join(unknown[:3])}"
+                              f"{' ...' if len(unknown) > 3 else ''}")
+        return sorted(self.state)
+
+def plain_model_checks(m: dict) -> list:
+    return [
+        (not m.get("scale_embeddings"), "model.scale_embeddings=true (not in GPT-2 or Llama)"),
+        (not m.get("embed_norm"), "model.embed_norm=true (not in GPT-2 or Llama)"),
+        (not m.get("type_vocab_size"), "model.type_vocab_size (token types are not in GPT-2 or Llama)"),
+        (not m.get("head_transform") and not m.get("head_bias"), "a head transform or bias (not in GPT-2 or Llama)"),
+    ]
+
+def specials_of(c: dict, tok_dir: Path) -> tuple[dict, dict]:
+    """(ids, names): the special-token ids config.json gives, and the spellings the tokenizer's own files
+    (special_tokens_map.json, tokenizer_config.json) give for pad, unk, mask ..."""
+    out = {"bos": c.get("bos_token_id"), "eos": c.get("eos_token_id"), "pad": c.get("pad_token_id")}
+    for role in out:
+        if isinstance(out[role], list):  # Llama 3: several <eos> ids; the first is the one generation stops at
+            out[role] = out[role][0] if out[role] else None
+    names = {}
+    for f in ("special_tokens_map.json", "tokenizer_config.json"):
+        if (tok_dir / f).is_file():
+            try:
+                d = json.loads((tok_dir / f).read_text(encoding="utf-8"))
+            except ValueError:
+                continue
+            for role in ("bos", "eos", "pad", "unk", "mask"):
+                v = d.get(f"{role}_token")
+                v = v.get("content") if isinstance(v, dict) else v
+                if isinstance(v, str):
+                    names.setdefault(role, v)
+    return out, names

@@ -1,0 +1,99 @@
+"""The pre-flight: before the first job starts, check the command line, then compose and validate every job
+it runs (each of a sweep's), so that all mistakes are named at once, in one line each, and no job fails
+after another has trained. Its verdict goes to the caller as a :class:`Verdict` (and, for the sweeper, to
+the sweep directory: :mod:`modforge.sweeps.record`)."""
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from modforge import registry
+from modforge.config.checks import check_output_dir, check_overrides, validate
+from modforge.config.composition import compose_job, hydra_loader
+from modforge.config.grid import job_overrides
+from modforge.config.overrides import HYDRA_VALUE_FLAGS, flag, user_override_keys
+from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
+from modforge.sweeps.clusters import check_launcher_installed, runs_elsewhere
+from modforge.sweeps.gpus import check_slots, slot_count
+
+
+@dataclass
+class Verdict:
+    """What the pre-flight found: how many jobs, which are invalid (with ``skip_invalid=true`` the others
+    run), the sweep's directory, and whether every job's config was validated on this machine (the jobs then
+    need not validate again)."""
+
+    jobs: int = 0
+    invalid: list = field(default_factory=list)  # [(job overrides, reason)]
+    sweep_dir: Optional[Path] = None
+    checked: bool = False
+
+
+def preflight(argv: list, multirun: bool) -> Verdict:
+    """Check the command line, then compose and validate every job it runs (each of a sweep's) before the
+    first one starts; all invalid jobs are named at once."""
+    check_launcher_installed(argv)  # hydra/launcher=slurm without its extra: one line naming the extra
+    elsewhere = multirun and runs_elsewhere(argv)  # its jobs' devices are checked where they run
+    check_words(argv)
+    if any(a.split("=")[0] in HYDRA_VALUE_FLAGS for a in argv):
+        # your own config directory or primary config: Hydra composes it; the registry's checks still apply
+        check_overrides([a for a in argv if a.split("=")[0].lstrip("+~").split(".")[0] in registry.group_kinds()])
+        return Verdict()
+    verdict = Verdict(checked=not elsewhere)
+    with hydra_loader() as loader:
+        check_overrides(argv, loader)
+        jobs = job_overrides(argv, multirun, loader)
+        verdict.jobs = len(jobs)
+        bad, slots = [], None
+        for i, job in enumerate(jobs):
+            try:
+                cfg = compose_job(job, hydra=(i == 0))
+            except registry.ConfigError as e:
+                bad.append((i, job, e))
+                continue
+            if i == 0:  # the run (or sweep) directory is the command's, not a job's: it fails at once
+                key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+                check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
+                slots = slot_count(cfg.hydra.launcher) if multirun else None  # hydra/launcher=gpus: its devices
+                verdict.sweep_dir = Path(str(cfg.hydra.sweep.dir)) if multirun else None
+            try:
+                if slots is not None:
+                    check_slots(cfg.trainer.get("devices", 1), slots)
+                check_job(cfg, user_override_keys(job), here=not elsewhere)
+            except registry.ConfigError as e:
+                bad.append((i, job, e))
+    if len(jobs) == 1 and bad:
+        raise bad[0][2]
+    if bad:
+        varying = {o.split("=")[0] for j in jobs for o in j} - {o.split("=")[0] for o in set.intersection(*map(set, jobs))}
+        described = "; ".join(f"#{i} ({' '.join(o for o in job if o.split('=')[0] in varying)}): {e}" for i, job, e in bad)
+        if not flag(argv, "skip_invalid") or len(bad) == len(jobs):
+            hint = "" if len(bad) == len(jobs) else " (skip_invalid=true runs the others)"
+            raise registry.ConfigError(f"{len(bad)} of {len(jobs)} jobs are invalid, so the sweep does not start: "
+                                       f"{described}{hint}")
+        print(f"[modforge] skipping {len(bad)} invalid of {len(jobs)} jobs (skip_invalid=true): {described}",
+              file=sys.stderr)
+        verdict.invalid = [(job, str(e)) for _, job, e in bad]
+    return verdict
+
+
+def check_job(cfg, user_keys: Optional[list], here: bool) -> None:
+    """One job's config as it will train: the ``init_from=`` checkpoint's architecture under the command line,
+    or the resumed run's config with what the command line may change; validated once."""
+    cfg, _ = with_init_from(cfg, user_keys)
+    resume = resume_path(cfg.get("resume"))
+    if resume:
+        cfg = resumed_config(cfg, resume, user_keys, finished_ok=unrecorded(resume))
+    validate(cfg, here=here)
+
+
+def check_words(argv: list) -> None:
+    """Every word of the command line is ``key=value``, a flag, or a flag's value."""
+    words, rest = [], iter(argv)
+    for a in rest:
+        if a in HYDRA_VALUE_FLAGS:
+            next(rest, None)
+        elif not a.startswith("-") and "=" not in a and not a.startswith("~"):
+            words.append(a)
+    if words:
+        raise registry.ConfigError(f"'{words[0]}': expected key=value (e.g. norm=rms) or a flag such as -m")

@@ -1,0 +1,22 @@
+"""The config: composition (:mod:`~modforge.config.composition`), every check (:mod:`~modforge.config.checks`),
+the root keys and the Trainer's schema (:mod:`~modforge.config.schema`), a sweep's jobs
+(:mod:`~modforge.config.grid`), Hydra's command-line words (:mod:`~modforge.config.overrides`) and the
+directory resolvers (:mod:`~modforge.config.resolvers`).
+
+:func:`compose` is the in-process entry (tests, notebooks): the config ``python -m modforge.train`` would
+compose, every mistake a one-line :class:`~modforge.errors.ConfigError`."""
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from modforge.config.checks import check_overrides
+from modforge.config.composition import compose_job, load, to_plain  # noqa: F401 - to_plain: public
+
+
+def compose(overrides: Optional[list] = None) -> DictConfig:
+    """Compose the run config in-process, as ``python -m modforge.train`` would (no output dir); every mistake
+    is a one-line ConfigError."""
+    load()
+    overrides = list(overrides or [])
+    check_overrides(overrides)
+    return compose_job(overrides)

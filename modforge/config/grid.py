@@ -1,0 +1,71 @@
+"""A sweep's jobs: each of ``hydra.sweeper.cells`` (a union of configurations, in the order listed) crossed
+with the grid (``hydra.sweeper.params``, then the command line's comma lists), the grid expanded as Hydra's
+basic sweeper expands it. One expansion serves the pre-flight (every job checked before the first starts) and
+the sweeper (which runs them)."""
+from typing import Any, Sequence
+
+from omegaconf import OmegaConf
+
+from modforge.errors import ConfigError
+from modforge.config.composition import compose_job, one_line, parse_overrides
+
+
+def cell_overrides(cells: Any) -> list:
+    """``hydra.sweeper.cells`` -> one list of ``key=value`` overrides per cell ([[]]: no cells, the grid alone)."""
+    if cells is None:
+        return [[]]
+    if OmegaConf.is_config(cells):
+        cells = OmegaConf.to_container(cells)
+    if not isinstance(cells, list) or not cells or not all(isinstance(c, dict) and c for c in cells):
+        raise ConfigError(f"hydra.sweeper.cells={cells!r}: must be a non-empty list of mappings of overrides, "
+                          "e.g. [{ffn: swiglu}, {ffn: mlp, ffn.activation: silu}]")
+    return [[f"{k}={_override_value(v)}" for k, v in c.items()] for c in cells]
+
+def _override_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "null" if v is None else str(v)
+
+def expand_jobs(cells: Any, params: dict, arguments: list, parse) -> list:
+    """Every job's overrides: each cell (in order) crossed with the grid (``params``, then the command line),
+    the grid expanded as Hydra's basic sweeper expands it. ``parse`` is an ``OverridesParser.parse_overrides``."""
+    grid = [f"{k}={v}" for k, v in (params or {}).items()] + list(arguments)
+    jobs = []
+    for cell in cell_overrides(cells):
+        mine = {o.split("=", 1)[0] for o in cell}
+        clash = [a for a in grid if a.split("=", 1)[0].lstrip("+~") in mine]
+        if clash:
+            raise ConfigError(f"{clash[0]}: that key is set by a cell of hydra.sweeper.cells ({' '.join(cell)}); "
+                              "set it in every cell, or remove it from the cells")
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        jobs += [list(job) for batch in BasicSweeper.split_arguments(parse(cell + grid), None) for job in batch]
+    return jobs
+
+
+def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
+    """The overrides of each job the command runs: itself, or each job of the sweep (its command-line
+    sweeps and the grid an experiment carries in ``hydra.sweeper.params``, crossed with each of its
+    ``hydra.sweeper.cells``), expanded as modforge's sweeper does."""
+    args = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
+    if not multirun:
+        return [args]
+    parsed = parse_overrides(args, loader)
+    fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
+    cfg = compose_job(fixed, hydra=True)
+    try:
+        return expand_jobs(cfg.hydra.sweeper.get("cells"), cfg.hydra.sweeper.get("params") or {}, args,
+                                 lambda a: parse_overrides(a, loader))
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. an interval, which only a sampling sweeper (Optuna) can use
+        raise ConfigError(f"the sweep cannot be expanded into jobs: {one_line(e)} (quote a value with "
+                                   "commas, e.g. 'hydra.sweeper.params.norm=\"layer,rms\"'; intervals need a "
+                                   "sampling sweeper such as Optuna's)") from None
+
+
+def labels(job_overrides: Sequence[Sequence[str]]) -> list:
+    """Each job's overrides that not every job of the launch shares (what tells it apart), as one string."""
+    sets = [set(o) for o in job_overrides]
+    shared = set.intersection(*sets) if len(sets) > 1 else set()
+    return [" ".join(o for o in overrides if o not in shared) or "(defaults)" for overrides in job_overrides]

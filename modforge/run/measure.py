@@ -1,0 +1,156 @@
+"""What a run measures at its end, and its clocks: the final validation (reused when fit already validated
+these very weights), evaluation at other lengths, parameter counts, where the session's time went."""
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from modforge import registry
+
+
+class Phases:
+    """Where this session's wall time went (``metrics.json``'s ``session_seconds``): each phase from the end
+    of the one before. ``before_run`` is the command's own work before the run started (Hydra, pre-flight),
+    from ``command_start`` (the command's ``time.perf_counter()`` when it started)."""
+
+    def __init__(self, t0: float, command_start: float):
+        self.t0, self.command_start = t0, command_start
+        self.last, self.seconds = t0, {}
+
+    def mark(self, name: str) -> float:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+        return self.seconds[name]
+
+    def split(self, whole: str, part: str, seconds: float) -> None:
+        """Report ``part`` of phase ``whole`` on its own (``whole`` keeps the rest)."""
+        part_s = max(0.0, min(seconds, self.seconds.get(whole, 0.0)))
+        self.seconds[whole] -= part_s
+        self.seconds[part] = part_s
+        self.seconds[f"{whole}_other"] = self.seconds.pop(whole)
+
+    def rounded(self) -> dict:
+        return {k: round(v, 2) for k, v in self.seconds.items()}
+
+
+def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any, facts: Any, record: Any,
+                  divergence: Any, out_dir: Path, clock: Phases, initialised: Any = None) -> dict:
+    """``metrics.json``: status, the final validation (or, diverged, the last finite values), sizes, steps,
+    tokens, times, the sample."""
+    from torch import nn
+
+    from modforge.run.callbacks import weights_fingerprint
+    from modforge.utils import devices
+
+    tokens = task.tokens_seen * trainer.world_size  # every rank sees its own shard
+    metrics: dict = {"status": "finished"}
+    if divergence.diverged_at is not None:  # stopped: the last finite values, no evaluation of NaN weights
+        last_val = dict(divergence.last_val or {})
+        metrics.update(status="diverged", diverged_at_step=divergence.diverged_at,
+                       val_step=last_val.pop("step", None), val=last_val,
+                       last_finite_train=divergence.last_train)
+    else:
+        # fit validated these very weights at its last step, in this session: no second pass
+        last_val = dict(divergence.last_val or {})
+        reuse = (last_val.pop("step", None) == trainer.global_step and bool(last_val)
+                 and divergence.val_weights == weights_fingerprint(task))
+        if trainer.world_size > 1:  # every rank takes the same branch, or one would validate alone and wait
+            reuse = trainer.strategy.reduce_boolean_decision(reuse, all=True)
+        if reuse:
+            metrics["val"] = last_val
+        else:
+            metrics["val"] = val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+        if not all(math.isfinite(v) for v in metrics["val"].values()):
+            metrics["status"] = "diverged"  # a non-finite validation metric (written null)
+        if cfg.get("eval_block_sizes") and metrics["status"] == "finished":
+            eval_at_lengths(cfg, trainer, task, facts.tokenizer, metrics)
+    clock.mark("final_eval")
+    n_params = sum(p.numel() for p in task.model.parameters())
+    # Kaplan et al.'s N: without token and learned position embeddings (a tied output head counts once, there)
+    n_embedding = sum(p.numel() for p in {p for m in task.model.modules() if isinstance(m, nn.Embedding)
+                                           for p in m.parameters()})
+    metrics.update({
+        "val_loss_at_start": record.val_loss_at_start,
+        **{k: v for k, v in facts.stats.items() if k == "unigram_val_loss"},
+        "params": n_params,
+        "params_non_embedding": n_params - n_embedding,
+        "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
+        "steps": trainer.global_step,
+        "tokens_seen": tokens,
+        "fit_seconds": round(record.fit_seconds, 2),
+        "train_seconds": round(record.train_seconds, 2),
+        "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
+        "resumed_at_steps": record.resumed_at,
+        **({"init_from": initialised} if initialised else {}),
+        "checkpoint": str(last) if (last := out_dir / "checkpoints" / "last.ckpt").exists() else None,
+        "config": {g: plain[g].get("name") for g in registry.group_kinds() if g in plain},
+        "devices": devices.devices_record(trainer),
+    })
+    if cfg.sample and trainer.is_global_zero and metrics["status"] == "finished":
+        try:
+            metrics["sample"] = task.summary_sample()
+        except Exception as e:  # noqa: BLE001 - the sample is a courtesy: a failure there loses no result
+            metrics["sample_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    clock.mark("sample")
+    metrics["wall_seconds"] = round(record.wall_seconds, 2)
+    metrics["session_seconds"] = {"before_run": round(clock.t0 - clock.command_start, 2), **clock.rounded()}
+    if record.first_step_clock is not None:  # start-up: the command's start to its first training batch
+        metrics["seconds_to_first_step"] = round(record.first_step_clock - clock.command_start, 3)
+    return metrics
+
+
+def eval_at_lengths(cfg: DictConfig, trainer: Any, task: Any, tokenizer: Any, metrics: dict) -> None:
+    """``eval_block_sizes``: validate the trained model again on the same val text cut into windows of each
+    length (metrics ``val@N/loss`` ...), its positional scheme extended where it can be; a length it cannot
+    run (a learned table) is recorded under ``not_applicable`` with the reason, not as a failure."""
+    from modforge.components.positions import LengthNotSupported
+
+    loggers, trainer.loggers = trainer.loggers, []  # these are not points of the training curves
+    try:
+        for n in cfg.eval_block_sizes:
+            try:
+                task.model.extend_positions(int(n))
+            except LengthNotSupported as e:
+                metrics.setdefault("not_applicable", {})[f"val@{n}"] = str(e)
+                continue
+            dm = registry.build("data", OmegaConf.merge(cfg.data, {"block_size": int(n)}))
+            dm.prepare(tokenizer)
+            got = val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+            metrics["val"].update({k.replace("val/", f"val@{n}/", 1): v for k, v in got.items()})
+    finally:
+        trainer.loggers = loggers
+
+def val_metrics(results: list) -> dict:
+    out: dict = {}
+    for r in results or []:
+        out.update({k: float(v) for k, v in r.items()})
+    return out
+
+def run_names(out_dir: Path) -> tuple[str, str]:
+    """(run name, group) for loggers that show runs by name: the job's overrides, and the same without the seed
+    (the runs of one configuration); outside Hydra, the directory's name."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from modforge.run.dirs import CONTROL_KEYS
+
+    if not HydraConfig.initialized():
+        return out_dir.name, out_dir.name
+    overrides = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in CONTROL_KEYS]
+    name = ",".join(overrides) or "defaults"
+    group = ",".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "seed") or "defaults"
+    return name, group
+
+@contextlib.contextmanager
+def quiet_about_existing_records(in_place: bool):
+    """A run continued in place finds its own logs and checkpoints: Lightning's warnings about a non-empty
+    directory are about exactly those."""
+    import warnings
+
+    with warnings.catch_warnings():
+        if in_place:
+            warnings.filterwarnings("ignore", message=r".*(exists and is not empty|Checkpoint directory).*")
+        yield

@@ -1,0 +1,85 @@
+"""Which weights and which config a run starts from: ``resume=`` (continue a run: its config, with what the
+command line may change on top) and ``init_from=`` (start a new run from another model's weights, the
+checkpoint's architecture under this command line's overrides)."""
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from modforge import registry
+from modforge.checkpoints.files import find_checkpoint, init_config, read_checkpoint
+from modforge.run.dirs import FINAL, RESUME_FREE_KEYS, read_state
+
+def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt: Optional[dict] = None,
+                   finished_ok: bool = False) -> DictConfig:
+    """The config a resumed run trains with: the saved run's, with the keys this command line sets on top
+    (trainer.*, seed, where the data lives ...; keys the run predates take today's defaults). When the keys set
+    are not known (``user_keys`` None: a config composed in-process), every key but the components is ``cfg``'s.
+    A command-line key that would change a component is refused, naming it; so is a run that has finished
+    (unless ``finished_ok``: a run killed after its last checkpoint and before its final record). The caller
+    validates the result (:func:`modforge.config.checks.validate`)."""
+    from omegaconf import open_dict
+
+    if ckpt is None:  # weights only: a file that would run code is refused, in one line
+        ckpt = read_checkpoint(resume, "resume")
+    if "converted_from" in ckpt:
+        raise registry.ConfigError(f"resume={resume}: a converted pretrained checkpoint holds weights only (no "
+                                   f"optimizer, no step); fine-tune from it with init_from={resume}")
+    saved = ckpt["hyper_parameters"]["run_cfg"]
+    groups = [g for g in registry.group_kinds() if g in saved]
+    if user_keys is None:
+        saved = {g: saved[g] for g in groups}
+        user_keys = [k for k in cfg if k not in groups and k != "hydra"]
+    for key in user_keys:
+        head = key.split(".")[0].split("/")[0]
+        if head not in groups or key in RESUME_FREE_KEYS:
+            continue
+        if "." in key and OmegaConf.select(OmegaConf.create(saved), key, default="<absent>") == "<absent>":
+            continue  # a key the saved run did not have yet (its default then): nothing to compare
+        now = OmegaConf.select(cfg, key if "." in key else f"{key}.name")
+        was = OmegaConf.select(OmegaConf.create(saved), key if "." in key else f"{key}.name")
+        if now != was and not (isinstance(now, (DictConfig,)) and OmegaConf.to_container(now) == was):
+            raise registry.ConfigError(
+                f"{key}={now}: the run being resumed has {key}={was}; a resumed run keeps its model, data, "
+                "tokenizer, task and optimizer (only trainer.*, seed and the like may change). "
+                "To train a changed configuration, start a new run without resume=")
+    # the run as it was (keys it did not have yet: today's defaults), then what this command line sets
+    base = cfg.copy()
+    with open_dict(base):
+        base.pop("hydra", None)
+    merged = OmegaConf.merge(base, OmegaConf.create(saved))
+    with open_dict(merged):
+        for key in user_keys:
+            head = key.split(".")[0].split("/")[0]
+            if (head in groups and key not in RESUME_FREE_KEYS) or key == "resume":
+                continue  # components stay the checkpoint's (checked above)
+            value = OmegaConf.select(cfg, key, default="<absent>")
+            if not isinstance(value, str) or value != "<absent>":
+                OmegaConf.update(merged, key, value, merge=False)
+        merged.resume = cfg.get("resume")
+    step, max_steps = int(ckpt.get("global_step", 0)), merged.trainer.max_steps
+    if max_steps > 0 and step >= max_steps and not finished_ok:
+        raise registry.ConfigError(
+            f"resume={resume}: that run has finished (step {step} of trainer.max_steps={max_steps}); to train it "
+            f"further, raise the limit, e.g. resume={resume} trainer.max_steps={2 * step}")
+    return merged
+
+def resume_path(value: Any) -> Optional[str]:
+    """``resume=``: a checkpoint file, or a run directory (its ``checkpoints/last.ckpt``); None for a fresh run."""
+    return None if value in (None, "", False) else str(find_checkpoint("resume", value))
+
+def unrecorded(ckpt: Any) -> bool:
+    """Whether ``ckpt`` is the ``last.ckpt`` of a run that never wrote its final record (killed after its last
+    checkpoint): resuming it only completes it, so a step count at its limit is no reason to refuse."""
+    p = Path(str(ckpt))
+    return p.name == "last.ckpt" and p.parent.name == "checkpoints" and \
+        read_state(p.parent.parent).status not in FINAL
+
+def with_init_from(cfg: DictConfig, user_keys: Optional[list]) -> tuple:
+    """-> (the config to run, the ``init_from=`` checkpoint or None): the checkpoint's architecture with this
+    command line's overrides on top (:func:`~modforge.checkpoints.files.init_config`). Its tensors are memory-mapped,
+    read when copied."""
+    if not cfg.get("init_from") or cfg.get("resume"):
+        return cfg, None
+    init = read_checkpoint(find_checkpoint("init_from", cfg.init_from), "init_from", mmap=True)
+    return init_config(cfg, init, user_keys), init

@@ -1,0 +1,268 @@
+"""One run's story, step by step: claim the directory, decide fresh or resume, settle the config, prepare
+the data, build the task, build the trainer, fit, measure, record and tell.
+
+:func:`run` reads top to bottom; each step below it is one function. A run directory may already hold
+this run: finished, it is left as it is; interrupted (killed, failed, preempted), it continues from its
+``checkpoints/last.ckpt`` in place, exactly where it stopped; with no checkpoint it starts again. A
+directory holding a run of another configuration is refused. ``resume=`` continues the run it names: in
+place when that is ``out_dir``'s own, else in ``out_dir``.
+"""
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from modforge import registry
+from modforge.checkpoints.files import facts_state, find_checkpoint, load_matching, read_checkpoint
+from modforge.config.checks import check_positions, validate
+from modforge.config.composition import load, to_plain
+from modforge.config.overrides import user_override_keys
+from modforge.errors import RunDirTaken
+from modforge.run import measure, ranks
+from modforge.run.dirs import FINAL, clear_records, config_difference, read_state, run_lock, trim_metrics_csv
+from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
+from modforge.run.summary import print_summary, say_init
+from modforge.utils.console import quiet, say
+from modforge.utils.files import write_json, write_text
+
+
+@dataclass
+class Start:
+    """Where a run starts, decided from its directory and ``resume=`` (by rank 0; the other ranks follow)."""
+
+    resume: Optional[str] = None  # the checkpoint to continue from; None: step 0
+    in_place: bool = False  # continuing the run of this very directory
+    clear: bool = False  # the directory holds an unfinished run's records from before its first checkpoint
+    done: Optional[dict] = None  # the directory holds this run, finished: its metrics, nothing to do
+    step: int = 0  # the checkpoint's step (set when the checkpoint is read)
+
+
+def run(cfg: DictConfig, out_dir: Path, checked: bool = False, started: Optional[float] = None) -> dict:
+    """Train one configuration in ``out_dir``: config.yaml, checkpoints, CSV logs, then metrics.json.
+    ``checked``: the command's pre-flight has validated this job's config on this machine (else it is
+    validated here, once). ``started``: the command's clock (``time.perf_counter()`` at its start)."""
+    t_start = time.perf_counter()
+    quiet()
+    load()
+    cfg, init = with_init_from(cfg, user_override_keys())
+    resume = resume_path(cfg.get("resume"))  # a missing checkpoint fails here, before any output
+    rank, launch = ranks.launched_rank()
+    follower = ranks.follows_rank0(rank)
+    try:
+        with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
+            if launch is not None and not follower:
+                with contextlib.suppress(FileNotFoundError):
+                    (out_dir / ranks.DECISION).unlink()  # an earlier launch's: never followed
+            try:
+                return _story(cfg, out_dir, resume, init, follower, checked,
+                              measure.Phases(t_start, started if started is not None else t_start))
+            except BaseException as e:
+                if launch is not None and not follower and not (out_dir / ranks.DECISION).exists():
+                    ranks.announce(out_dir, {"error": (f"{type(e).__name__}: {e}".splitlines() or [""])[0]})
+                raise
+    finally:
+        ranks.leave_process_group()
+
+
+def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional[dict], follower: bool,
+           checked: bool, clock: "measure.Phases") -> dict:
+    start = follow_rank0(out_dir) if follower else decide_start(cfg, out_dir, resume)
+    if start.done is not None:
+        return start.done
+    cfg, tokenizer, init = settle_config(cfg, start, init, checked)
+    if ranks.launched_rank()[1] is not None and not follower:  # ranks started beside this one wait for it
+        ranks.announce(out_dir, {"resume": start.resume, "in_place": start.in_place})
+    plain = prepare_directory(cfg, out_dir, start, follower)
+    clock.mark("setup")  # registry, checks, the directory's state, a checkpoint read to resume
+    dm, facts = prepare_data(cfg, tokenizer)
+    clock.mark("data")
+    task, initialised = build_task(cfg, plain, facts, init, quiet_init=follower)
+    clock.mark("model")
+    trainer, record, divergence = build_trainer(cfg, plain, out_dir, start.in_place, clock.t0)
+    clock.mark("trainer")
+    fit(trainer, task, dm, start, record, clock, eval_at_start=bool(cfg.eval_at_start))
+    metrics = measure.final_metrics(cfg, plain, trainer, task, dm, facts, record, divergence, out_dir, clock,
+                                  initialised)
+    return finish(metrics, trainer, out_dir)
+
+
+def follow_rank0(out_dir: Path) -> Start:
+    """A DDP rank other than 0 takes rank 0's decision (from its environment, or the run directory's file)."""
+    decided = json.loads(os.environ[ranks.FOLLOW_ENV]) if ranks.FOLLOW_ENV in os.environ else \
+        ranks.rank0_decision(out_dir)
+    if "error" in decided:
+        raise RuntimeError(f"rank 0 stopped before training: {decided['error']}")
+    if decided.get("done"):
+        return Start(done={})
+    return Start(resume=decided["resume"], in_place=decided["in_place"])
+
+
+def decide_start(cfg: DictConfig, out_dir: Path, resume: Optional[str]) -> Start:
+    """Fresh, resumed (from which checkpoint, in place or not), or nothing to do, from what ``out_dir`` holds
+    and ``resume=``; a directory that is another run's is refused before anything is written."""
+    state = read_state(out_dir)
+    if state.status == "foreign":
+        raise RunDirTaken(f"{out_dir} {state.error}; choose an empty hydra.run.dir")
+    if resume:
+        in_place = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
+        if state.holds_run and not in_place and state.config is not None:
+            raise RunDirTaken(f"{out_dir} holds another run ({state.status}); resume it there with "
+                              f"resume={out_dir}, or choose an empty hydra.run.dir")
+        return Start(resume=resume, in_place=in_place)
+    if state.holds_run and state.config is None:
+        return Start(clear=True)  # failed before it wrote its config (status.json alone): from step 0
+    if not state.holds_run:
+        return Start()
+    diff = config_difference(state.config, to_plain(cfg))
+    if diff:
+        raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff)})"
+                          "; choose an empty hydra.run.dir (or hydra.sweep.dir)")
+    if state.status in FINAL:
+        if ranks.launched_rank()[1] is not None:
+            ranks.announce(out_dir, {"done": True})
+        say(f"[modforge] {out_dir} holds this run, {state.status} already: nothing to do "
+            "(delete the directory to train it again)")
+        return Start(done=state.metrics)
+    if state.checkpoint is not None:
+        return Start(resume=str(state.checkpoint), in_place=True)
+    return Start(clear=True)  # interrupted before its first checkpoint: from step 0
+
+
+def settle_config(cfg: DictConfig, start: Start, init: Optional[dict], checked: bool) -> tuple:
+    """-> (the config this run trains with, the tokenizer it must read text with or None, the ``init_from``
+    checkpoint or None). A resumed run keeps its saved config and tokenizer (only what the command line may
+    change is taken); the config is validated here, once, unless the pre-flight did."""
+    from modforge.data.base import DataFacts
+
+    tokenizer = None
+    if start.resume:
+        ckpt = read_checkpoint(start.resume, "resume")
+        start.step = int(ckpt.get("global_step", 0))
+        cfg = resumed_config(cfg, start.resume, user_override_keys(), ckpt, finished_ok=unrecorded(start.resume))
+        # the model's own tokenizer: text is read with the ids it was trained on, never refitted
+        tokenizer = DataFacts.from_state(facts_state(ckpt)).tokenizer
+        init = None  # a run started from other weights continues from its own
+    elif init is not None:  # the pretrained model's tokenizer: the ids its embeddings were trained on
+        tokenizer = DataFacts.from_state(facts_state(init)).tokenizer
+    if not checked:
+        validate(cfg)
+    return cfg, tokenizer, init
+
+
+def prepare_directory(cfg: DictConfig, out_dir: Path, start: Start, follower: bool) -> dict:
+    """The records a continued run must not repeat are cut back to its checkpoint's step; ``config.yaml`` is
+    (re)written by every rank. Then the seeds and the matmul precision. -> the plain config."""
+    import lightning as L
+    import torch
+
+    from modforge.utils import devices
+
+    if start.clear and not follower:
+        clear_records(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if start.in_place and not follower:
+        trim_metrics_csv(out_dir / "logs" / "metrics.csv", start.step)
+        for stale in ("status.json", "metrics.json"):  # a failure being retried; a finished run trained further
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / stale).unlink()
+    plain = to_plain(cfg)
+    write_text(out_dir / "config.yaml", OmegaConf.to_yaml(plain))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision(devices.matmul_precision(cfg.get("matmul_precision"),
+                                                                devices.accelerator_of(cfg.trainer)))
+    return plain
+
+
+def prepare_data(cfg: DictConfig, tokenizer: Any) -> tuple:
+    """-> (the datamodule, the facts its preparation found: tokenizer, vocabulary, longest sequence ...)."""
+    dm = registry.build("data", cfg.data)
+    facts = dm.prepare(tokenizer)
+    check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
+    return dm, facts
+
+
+def build_task(cfg: DictConfig, plain: dict, facts: Any, init: Optional[dict], quiet_init: bool) -> tuple:
+    """-> (the task, the LightningModule with its model; what ``init_from=`` loaded into it, or None)."""
+    entry, task_cfg = registry.make_config("task", cfg.task)
+    task = entry.cls(task_cfg, plain, facts)
+    initialised = None
+    if init is not None:
+        initialised = {"checkpoint": str(find_checkpoint("init_from", cfg.init_from)), **load_matching(task.model, init)}
+        if not quiet_init:
+            say_init(initialised)
+    if cfg.get("compile"):
+        task.model.compile()  # nn.Module.compile: in place, so state-dict keys (checkpoints) stay the same
+    return task, initialised
+
+
+def build_trainer(cfg: DictConfig, plain: dict, out_dir: Path, in_place: bool, started: float) -> tuple:
+    """-> (the Lightning Trainer with every callback and logger a run has; the run record; the divergence stop)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from modforge.run.callbacks import (FAULT_ENV, AtomicCheckpointIO, Checkpoints, DivergenceStop, FaultInjector,
+                                        RunRecord, SaveOnPreemption)
+    from modforge.run.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers,
+                                         progress_callbacks)
+
+    record = RunRecord(started=started)
+    divergence = DivergenceStop(cfg.divergence_patience)
+    ckpt_cb = Checkpoints(divergence, dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss",
+                          mode="min", save_top_k=1, save_last=True, auto_insert_metric_name=False)
+    callbacks = [ckpt_cb, LearningRateMonitor(logging_interval="step"), record, divergence]
+    settings = OmegaConf.to_container(cfg.trainer, resolve=True)
+    chosen = plain.get("callbacks") or {}
+    progress = chosen.get("progress", "auto")
+    if progress == "none":
+        settings["enable_progress_bar"] = False
+    elif settings.get("enable_progress_bar") is not False:  # Lightning: None means on
+        callbacks += progress_callbacks(progress, int(chosen.get("progress_every", 50)), sys.stdout.isatty())
+    callbacks += configured_callbacks(chosen)
+    if os.environ.get(FAULT_ENV):
+        callbacks.append(FaultInjector())
+    if (preempt := SaveOnPreemption.signal_of_submitit()) is not None:  # after the fault injector: same step
+        callbacks.append(SaveOnPreemption(preempt, out_dir / "checkpoints" / "last.ckpt", divergence))
+    with measure.quiet_about_existing_records(in_place):
+        trainer = L.Trainer(**settings, default_root_dir=str(out_dir),
+                            logger=[AppendingCSVLogger(str(out_dir), name="logs", version=""),
+                                    *configured_loggers(plain.get("logger"), out_dir, *measure.run_names(out_dir))],
+                            callbacks=callbacks,
+                            plugins=[AtomicCheckpointIO()])
+    return trainer, record, divergence
+
+
+def fit(trainer: Any, task: Any, dm: Any, start: Start, record: Any, clock: "measure.Phases",
+        eval_at_start: bool) -> None:
+    """The step-0 evaluation (a fresh run), then ``Trainer.fit`` from step 0 or from the checkpoint. DDP ranks
+    that Lightning starts here follow this process's decision, handed over in their environment."""
+    os.environ[ranks.FOLLOW_ENV] = json.dumps({"resume": start.resume, "in_place": start.in_place})
+    try:
+        if eval_at_start and not start.resume:
+            record.val_loss_at_start = measure.val_metrics(trainer.validate(task, datamodule=dm, verbose=False)).get(
+                "val/loss")
+        clock.mark("eval_at_start")
+        record.fit_started()
+        train_before = record.train_before
+        with measure.quiet_about_existing_records(start.in_place):
+            trainer.fit(task, datamodule=dm, ckpt_path=start.resume, weights_only=True)
+        clock.mark("fit")
+        clock.split("fit", "train_steps", record.train_seconds - train_before)  # the rest: validations, checkpoints
+    finally:
+        os.environ.pop(ranks.FOLLOW_ENV, None)
+
+
+def finish(metrics: dict, trainer: Any, out_dir: Path) -> dict:
+    """``metrics.json`` and the summary (rank 0), then the loggers are closed."""
+    from modforge.run.monitoring import finish_loggers
+
+    if trainer.is_global_zero:
+        write_json(out_dir / "metrics.json", metrics, indent=2)
+        print_summary(metrics, out_dir)
+    finish_loggers(trainer.loggers)
+    return metrics
