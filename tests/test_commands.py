@@ -1,0 +1,88 @@
+"""The commands as a whole: ``python -m modforge <verb>``, the files the command and its sweeper exchange
+instead of shared module state, and a job's config validated once."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from modforge.__main__ import VERBS, main as verb_main
+
+
+def test_every_verb_names_a_command_module_with_a_main():
+    import importlib
+
+    for verb, (module, what) in VERBS.items():
+        assert callable(importlib.import_module(module).main) and what, verb
+
+
+def test_the_verb_table_answers_help_and_refuses_an_unknown_verb(capsys):
+    verb_main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"  {verb} " in out for verb in VERBS)
+    with pytest.raises(SystemExit) as e:
+        verb_main(["lsit"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: 'lsit' is not a modforge verb. Did you mean 'list'?")
+    assert err.count("\n") == 1
+
+
+def test_a_verb_runs_its_command():
+    p = subprocess.run([sys.executable, "-m", "modforge", "list", "norm"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "rms" in p.stdout, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "modforge", "train", "norm=rmss"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("error: Unknown norm 'rmss'"), p.stderr[-2000:]
+
+
+def test_the_preflight_verdict_reaches_the_sweeper_once(tmp_path):
+    from modforge.sweeps.record import PREFLIGHT, job_key, take_invalid, write_invalid
+
+    write_invalid(tmp_path, [(["norm=rmss", "seed=1", "dry_run=true", "hydra.sweep.dir=x"], "Unknown norm 'rmss'")])
+    assert take_invalid(tmp_path) == {job_key(["seed=1", "norm=rmss"]): "Unknown norm 'rmss'"}
+    assert not (tmp_path / PREFLIGHT).exists() and take_invalid(tmp_path) == {}  # consumed
+
+
+def test_the_command_reads_only_its_own_sweeps_outcome(tmp_path):
+    import json
+
+    from modforge.sweeps.record import RECORD, read_outcome, write_outcome
+
+    since = time.time()
+    write_outcome(tmp_path, {"exit": 1, "summary": "one failed"})
+    assert read_outcome(tmp_path, since)["exit"] == 1
+    assert read_outcome(tmp_path, time.time() + 60) is None  # written before this command started
+    record = json.loads((tmp_path / RECORD).read_text())
+    (tmp_path / RECORD).write_text(json.dumps({**record, "pid": os.getpid() + 1}))
+    assert read_outcome(tmp_path, since) is None  # another process's sweep
+
+
+def test_a_resumed_run_is_validated_once(tmp_path, monkeypatch):
+    """The pre-flight validates the config the job trains with (the resumed run's); the run does not again."""
+    import modforge.cli.preflight as preflight
+    import modforge.run.story as story
+    from modforge.train import main
+
+    calls = []
+
+    def counting(validate):
+        def wrapped(cfg, *a, **k):
+            calls.append(cfg.trainer.max_steps)
+            return validate(cfg, *a, **k)
+        return wrapped
+
+    monkeypatch.setattr(preflight, "validate", counting(preflight.validate))
+    monkeypatch.setattr(story, "validate", counting(story.validate))
+    monkeypatch.chdir(tmp_path)
+    tiny = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=16", "data.block_size=16",
+            "data.batch_size=4", "data.max_chars=4000", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+            "sample=false", "eval_at_start=false", "callbacks.progress=none"]
+    main([*tiny, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert calls == [2]
+    calls.clear()
+    main([f"resume={tmp_path / 'run'}", "trainer.max_steps=4", "trainer.limit_val_batches=1"])
+    assert calls == [4]  # once, the resumed config (before: four times)
+    from modforge.utils.files import read_json
+
+    assert read_json(tmp_path / "run" / "metrics.json")["steps"] == 4
