@@ -39,9 +39,16 @@ def render_kind(kind: str, k: dict) -> list[str]:
 
 def render_preset(group: str, name: str) -> str:
     """One preset: who provides it, where it lives, and its YAML as written (comments included)."""
+    import yaml
+
+    from modforge.utils.readers import yaml_error
+
     with hydra_loader() as loader:
         check_preset(group, [name], loader)
-        found = loader.repository.load_config(f"{group}/{name}")
+        try:
+            found = loader.repository.load_config(f"{group}/{name}")
+        except yaml.YAMLError as e:
+            raise registry.ConfigError(f"{group}={name}: {yaml_error(e)}") from None
     where = found.path
     if where.startswith("file://"):
         path = Path(where[len("file://"):]) / group / f"{name}.yaml"

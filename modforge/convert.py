@@ -42,6 +42,8 @@ def convert_command(argv: list) -> None:
     print(f"  as: {' '.join(o for o in s['overrides'] if not o.startswith('model.init_std'))}")
     if s["left_out"]:
         print(f"  left out (not part of this model): {', '.join(s['left_out'])}")
+    for note in s.get("notes", []):
+        print(f"  note: {note}")
     print(f"wrote {path}")
 
 def main(argv: Optional[list] = None) -> None:

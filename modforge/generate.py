@@ -103,6 +103,11 @@ def check_vocabulary(tokenizer, text: str, key: str) -> None:
         raise registry.ConfigError(
             f"{key}= holds characters this model's vocabulary does not have: {' '.join(repr(c) for c in lost)} "
             "(they would be read as <unk>); leave them out")
+    dropped = sorted({ch for ch in text if not ch.isspace() and not tokenizer.encode(ch)})
+    if dropped:  # a pretrained BPE without an unknown token drops what it cannot encode, without a word
+        raise registry.ConfigError(
+            f"{key}= holds characters this model's tokenizer cannot encode: {' '.join(repr(c) for c in dropped)} "
+            "(it would drop them silently); leave them out")
 
 
 def run(cfg: GenerateConfig) -> list[str]:

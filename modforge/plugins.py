@@ -59,7 +59,7 @@ def load_plugins() -> dict[str, str]:
                 conf = getattr(obj, "MODFORGE_CONFIG_DIR", None)
                 if conf:
                     registry.record_config_dir(label, str(conf))
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break the rest
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken plugin (even one that exits) must not break the rest
             registry.record_failure(label, f"{type(e).__name__}: {e}")  # nothing half-registered survives
             warnings.warn(f"modforge plugin {label} ({ep.value}) failed to load: {type(e).__name__}: {e}", stacklevel=2)
     return registry.failed_plugins()

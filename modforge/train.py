@@ -9,34 +9,52 @@ import time
 
 _STARTED = time.perf_counter()  # `python -m modforge.train` imports this module first: the command's clock
 import math  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Optional  # noqa: E402
 
 from omegaconf import DictConfig  # noqa: E402
 
-from modforge.cli.command import one_line_errors  # noqa: E402
+from modforge.cli.command import one_line_errors, signal_name, signals_noted  # noqa: E402
 from modforge.config.composition import CONF_DIR  # noqa: E402
 from modforge.config.overrides import HYDRA_INFO_FLAGS, flag  # noqa: E402
 
 
 def main(argv: Optional[list] = None) -> None:
+    from modforge.sweeps import record
+
     argv = sys.argv[1:] if argv is None else argv
-    started = time.time()
     with one_line_errors():
         argv, verdict = before_hydra(argv)
         if verdict is None:
             return
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    received: list = []  # the signals that arrived while Hydra ran the job(s)
+    run_dirs: list = []  # the directory of each job run in this process
+    channel = record.open_channel()  # the pre-flight's verdicts to the sweeper, its outcome back
     try:
-        hand_to_hydra(argv, verdict.checked)
+        if verdict.invalid:
+            record.write_invalid(channel, verdict.invalid)
+        with signals_noted(received):
+            hand_to_hydra(argv, verdict.checked, run_dirs)
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM (Lightning stops at a step: SystemExit) ...
+        if isinstance(e, SystemExit) and not received and type(e).__name__ != "SIGTERMException":
+            raise  # a command's own exit (a one-line error: 2)
+        outcome = record.close_channel(channel)
+        if outcome is not None:
+            report_sweep(outcome)
+        elif not multirun:
+            print(f"[modforge] stopped by {signal_name(received)}: resume with python -m modforge.train "
+                  f"resume={run_dirs[-1] if run_dirs else '<its run directory>'} (what it trained up to its last "
+                  "checkpoint is kept)", file=sys.stderr)
+        sys.exit(128 + received[0] if received else (130 if isinstance(e, KeyboardInterrupt) else 143))
     finally:
-        if verdict.sweep_dir is not None:
-            from modforge.sweeps.record import clear_invalid
-
-            clear_invalid(verdict.sweep_dir)
-    if multirun:
-        end_of_sweep(verdict.sweep_dir, started)
+        outcome = record.close_channel(channel)  # no-op when closed above
+    if outcome is not None:
+        report_sweep(outcome)
+        if outcome.get("exit"):
+            sys.exit(outcome["exit"])
 
 
 def before_hydra(argv: list) -> tuple:
@@ -50,7 +68,6 @@ def before_hydra(argv: list) -> tuple:
     from modforge.config.composition import compose_job, load
     from modforge.errors import ConfigError
     from modforge.run import ranks
-    from modforge.sweeps.record import write_invalid
 
     resolvers.forget_claimed()  # a second command in one process (a notebook) gets its own new directory
     info = any(a.split("=")[0] in HYDRA_INFO_FLAGS for a in argv)
@@ -73,8 +90,6 @@ def before_hydra(argv: list) -> tuple:
     if relaunched or info:
         return argv, Verdict()
     verdict = preflight(argv, multirun)
-    if verdict.invalid:
-        write_invalid(verdict.sweep_dir, verdict.invalid)
     if not multirun and flag(argv, "dry_run"):
         cfg = compose_job([a for a in argv if "=" in a and not a.startswith("-")], hydra=True)
         print(f"[modforge] dry run, nothing is trained: 1 job ({' '.join(argv) or 'defaults'})\n"
@@ -83,11 +98,14 @@ def before_hydra(argv: list) -> tuple:
     return argv, verdict
 
 
-def hand_to_hydra(argv: list, checked: bool) -> None:
-    """Hydra composes the config and runs the job (or the sweeper runs each job of the sweep)."""
+def hand_to_hydra(argv: list, checked: bool, run_dirs: list) -> None:
+    """Hydra composes the config and runs the job (or the sweeper runs each job of the sweep); ``run_dirs`` gets
+    the directory of each job this process runs."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+
+    command_pid = os.getpid()
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:
@@ -95,13 +113,17 @@ def hand_to_hydra(argv: list, checked: bool) -> None:
         from modforge.run.story import run
         from modforge.sweeps.job import sweep_job, sweep_job_outcome
 
+        # the command's clock, in the command's process only (a launcher's worker, a cluster node: its own start)
+        started = _STARTED if os.getpid() == command_pid else None
+
         out_dir = Path(HydraConfig.get().runtime.output_dir)
+        run_dirs.append(out_dir)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             with sweep_job():
-                m = sweep_job_outcome(cfg, out_dir, checked=checked, started=_STARTED)
+                m = sweep_job_outcome(cfg, out_dir, checked=checked, started=started)
         else:
             with one_line_errors(), failure_recorded(out_dir):
-                m = run(cfg, out_dir, checked=checked, started=_STARTED)
+                m = run(cfg, out_dir, checked=checked, started=started)
         loss = (m or {}).get("val", {}).get("val/loss")
         return loss if loss is not None and math.isfinite(loss) else None  # for Hydra sweepers
 
@@ -109,24 +131,10 @@ def hand_to_hydra(argv: list, checked: bool) -> None:
     _app()
 
 
-def end_of_sweep(sweep_dir: Optional[Path], started: float) -> None:
-    """The sweeper's summary and the exit code it decided (``sweep.json`` in the sweep directory: the one the
-    pre-flight composed, or, when it composed none (your own primary config), the last job's)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from modforge.sweeps.record import read_outcome
-
-    if sweep_dir is None and HydraConfig.initialized():
-        sweep_dir = Path(str(HydraConfig.get().sweep.dir))
-    if sweep_dir is None:
-        return
-    outcome = read_outcome(sweep_dir, since=started)
-    if outcome is None:
-        return
+def report_sweep(outcome: dict) -> None:
+    """The sweeper's summary (its counts, each failed job, the resume hint)."""
     if outcome.get("summary"):
-        print(outcome["summary"], file=sys.stderr if outcome["exit"] else sys.stdout)
-    if outcome.get("exit"):
-        sys.exit(outcome["exit"])
+        print(outcome["summary"], file=sys.stderr if outcome.get("exit") else sys.stdout)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ instead of shared module state, and a job's config validated once."""
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -36,26 +35,23 @@ def test_a_verb_runs_its_command():
     assert p.returncode == 2 and p.stderr.startswith("error: Unknown norm 'rmss'"), p.stderr[-2000:]
 
 
-def test_the_preflight_verdict_reaches_the_sweeper_once(tmp_path):
-    from modforge.sweeps.record import PREFLIGHT, job_key, take_invalid, write_invalid
+def test_the_preflight_verdicts_and_the_sweepers_outcome_go_through_the_commands_channel(tmp_path):
+    from modforge.sweeps.record import (CHANNEL_ENV, RECORD, close_channel, job_key, open_channel, read_invalid,
+                                        write_invalid, write_outcome)
 
-    write_invalid(tmp_path, [(["norm=rmss", "seed=1", "dry_run=true", "hydra.sweep.dir=x"], "Unknown norm 'rmss'")])
-    assert take_invalid(tmp_path) == {job_key(["seed=1", "norm=rmss"]): "Unknown norm 'rmss'"}
-    assert not (tmp_path / PREFLIGHT).exists() and take_invalid(tmp_path) == {}  # consumed
-
-
-def test_the_command_reads_only_its_own_sweeps_outcome(tmp_path):
-    import json
-
-    from modforge.sweeps.record import RECORD, read_outcome, write_outcome
-
-    since = time.time()
-    write_outcome(tmp_path, {"exit": 1, "summary": "one failed"})
-    assert read_outcome(tmp_path, since)["exit"] == 1
-    assert read_outcome(tmp_path, time.time() + 60) is None  # written before this command started
-    record = json.loads((tmp_path / RECORD).read_text())
-    (tmp_path / RECORD).write_text(json.dumps({**record, "pid": os.getpid() + 1}))
-    assert read_outcome(tmp_path, since) is None  # another process's sweep
+    assert read_invalid() == {}  # no command around: nothing to skip
+    channel = open_channel()
+    try:
+        write_invalid(channel, [(["norm=rmss", "seed=1", "dry_run=true", "hydra.sweep.dir=x"], "Unknown norm 'rmss'")])
+        assert read_invalid() == {job_key(["seed=1", "norm=rmss"]): "Unknown norm 'rmss'"}
+        write_outcome(tmp_path / "sweep", {"exit": 1, "summary": "one failed"})
+    finally:
+        outcome = close_channel(channel)
+    assert outcome == {"exit": 1, "summary": "one failed"}
+    assert not channel.exists() and CHANNEL_ENV not in os.environ
+    assert (tmp_path / "sweep" / RECORD).is_file()  # the sweep's own record stays
+    write_outcome(tmp_path / "other", {"exit": 0})  # a sweeper outside a command: only the record
+    assert (tmp_path / "other" / RECORD).is_file()
 
 
 def test_a_resumed_run_is_validated_once(tmp_path, monkeypatch):

@@ -35,8 +35,9 @@ ROOMS = [
     (3, "models/", "blocks, stacks and the three architectures; decoding (greedy, sampling, beam, KV cache)"),
     (2, "components/ data/", "one file per kind of component (norms, residual, ffn, activations, positions, "
                              "attention, optim); datamodules, tokenizers, caches, loaders"),
-    (1, "registry.py", "kinds, declare, @register, build: the single source of truth"),
-    (0, "errors.py utils/", "the error classes every layer raises; files, console output, device decisions"),
+    (1, "registry.py utils/", "kinds, declare, @register, build: the single source of truth; files, readers of "
+                              "every format (one line per failure), console output, device decisions"),
+    (0, "errors.py", "the error classes every layer raises"),
 ]
 NO_LIGHTNING_OR_HYDRA = ("modforge.errors", "modforge.utils", "modforge.results",
                          "modforge.components", "modforge.models", "modforge.sweeps.slots")

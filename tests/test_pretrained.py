@@ -2,6 +2,7 @@
 ``save_pretrained``, converted with ``python -m modforge.convert``, compared with Hugging Face's own forward,
 cached forward and ``generate``, and exported back with ``format=hf``."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -310,3 +311,40 @@ def test_mistral_converts_as_llama_with_its_head_dim_and_refuses_a_short_sliding
         convert_main([f"hf={tmp_path / 'v01'}", f"out={tmp_path / 'o.ckpt'}"])
     err = capsys.readouterr().err
     assert "sliding_window=16 is not supported" in err and len(err.strip().splitlines()) == 1
+
+
+def test_convert_refuses_damaged_directories_in_one_line_and_never_writes_over_its_input(hf_dirs, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from modforge.convert import main as convert_main
+
+    def refused(d, out, match):
+        with pytest.raises(SystemExit) as e:
+            convert_main([f"hf={d}", f"out={out}"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and match in err, err
+
+    src = hf_dirs["gpt2"][0]
+    d = tmp_path / "gpt2"
+    shutil.copytree(src, d)
+    before = (d / "model.safetensors").read_bytes()
+    refused(d, d / "model.safetensors", "that is a file conversion reads (model.safetensors")
+    assert (d / "model.safetensors").read_bytes() == before
+    (d / "model.safetensors").write_bytes(before[: len(before) // 2])  # an interrupted download
+    refused(d, tmp_path / "o.ckpt", "not a readable safetensors file")
+    state = load_file(str(src / "model.safetensors"))
+    name = next(k for k, v in state.items() if v.dim() == 2)
+    state[name] = torch.zeros(3, 5)
+    save_file(state, str(d / "model.safetensors"))
+    refused(d, tmp_path / "o.ckpt", "the weights do not fit the model config.json describes")
+    shutil.copy(src / "model.safetensors", d / "model.safetensors")
+    (d / "tokenizer.json").write_text("{not json")
+    refused(d, tmp_path / "o.ckpt", "tokenizer=" + str(d / "tokenizer.json") + ": not valid JSON")
+    shutil.copy(src / "tokenizer.json", d / "tokenizer.json")
+    (d / "model.safetensors.index.json").write_text("[")
+    refused(d, tmp_path / "o.ckpt", "model.safetensors.index.json: not valid JSON")
+    (d / "model.safetensors.index.json").unlink()
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModel": "modeling_x.X"}}))
+    convert_main([f"hf={d}", f"out={tmp_path / 'ok.ckpt'}"])
+    assert "note: config.json names custom code (auto_map: AutoModel); it is never run" in capsys.readouterr().out

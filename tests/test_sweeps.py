@@ -294,3 +294,29 @@ def test_a_study_with_cells_plans_each_cell_with_its_own_task(tmp_path):
     assert lines[0].startswith("model=encoder_decoder seed=1")
     assert lines[5].startswith("model=decoder_only task=seq2seq_lm model.n_layers=4 model.d_ff=325 seed=1")
     assert lines[14].startswith("model=encoder_only task=transduce model.n_layers=4 model.d_ff=325 seed=5")
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_exits_143_with_the_summary_and_the_resume_hint(tmp_path):
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("MODFORGE_FAULT", None)
+    sweep = tmp_path / "sweep"
+    p = subprocess.Popen([sys.executable, "-m", "modforge.train", "-m", *TINY, "trainer.max_steps=100000",
+                          "trainer.val_check_interval=50", "seed=1,2", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(sweep.glob("0_*/logs/metrics.csv")):
+        time.sleep(0.5)
+    time.sleep(1)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-3000:]
+    assert "2 jobs: 0 finished, 0 failed, 0 diverged, 2 interrupted; resume with: python -m modforge.train -m " \
+           f"resume={sweep}" in err
+    assert "#1 interrupted: not started" in err
+    (job0,) = sweep.glob("0_*")
+    assert strict_json(job0 / "status.json") == {"status": "interrupted", "error": "stopped by SIGTERM"}
+    assert strict_json(sweep / "sweep.json")["exit"] == 1

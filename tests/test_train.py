@@ -228,7 +228,12 @@ def test_sweep_job_directory_names_are_flat_and_bounded():
 
     assert run_dirname("data.path=../shared/a.txt,norm=rms") == "data.path=.._shared_a.txt,norm=rms"
     long_a, long_b = "norm=rms," + "x" * 300, "norm=rms," + "x" * 299 + "y"
-    assert len(run_dirname(long_a)) == 120 and run_dirname(long_a) != run_dirname(long_b)
+    assert len(run_dirname(long_a)) <= 120 and run_dirname(long_a) != run_dirname(long_b)
+    # cut between key=value pairs, never inside a value (trainer.max_steps=10 must not read as =1...)
+    pairs = ",".join(f"model.key{i}=value{i}" for i in range(8)) + ",trainer.max_steps=10"
+    name = run_dirname(pairs)
+    assert len(name.encode()) <= 120 and name.rsplit("-", 1)[0].split(",") == pairs.split(",")[:len(name.split(","))]
+    assert "trainer.max_steps=1" not in name
     assert run_dirname("") == "defaults"
     assert len(run_dirname("data.path=" + "語" * 300).encode()) <= 120  # the limit is in bytes
 

@@ -13,7 +13,7 @@ def pretrained_tokenizer(path: Path, c: dict, tok_dir: Path):
     from modforge.data.tokenizers import PretrainedTokenizer
     from modforge.checkpoints.families import specials_of
 
-    if not path.is_file():
+    if not path.exists():
         raise registry.ConfigError(
             f"tokenizer={path}: no tokenizer.json. Write one next to the model with transformers' "
             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir), or give tokenizer=<path of a tokenizer.json>")
@@ -22,7 +22,14 @@ def pretrained_tokenizer(path: Path, c: dict, tok_dir: Path):
     ids, names = specials_of(c, tok_dir)
     from tokenizers import Tokenizer as HFTokenizer
 
-    hf = HFTokenizer.from_file(str(path))
+    from modforge.utils import readers
+
+    readers.json_file(path, "tokenizer")  # valid JSON first: the library's own parse errors are not one line
+    try:
+        hf = HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - a JSON file that is not a tokenizer the library reads
+        raise registry.ConfigError(f"tokenizer={path}: not a tokenizer.json the tokenizers library reads "
+                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     for role, name in names.items():
         if ids.get(role) is None and hf.token_to_id(name) is not None:
             ids[role] = hf.token_to_id(name)
@@ -44,17 +51,38 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     from modforge.checkpoints.files import tied_names
     from modforge.utils.files import atomic_file
     from modforge.checkpoints.families import family_of, read_hf_dir, read_hf_weights
+    from modforge.checkpoints.families.base import weight_files
 
     if dtype not in DTYPES:
         raise registry.ConfigError(f"dtype={dtype!r}{registry.suggest(dtype, list(DTYPES))} Allowed: {', '.join(DTYPES)}.")
     load_all()
     d, c = read_hf_dir(hf)
+    tok_path = Path(str(tokenizer)).expanduser() if tokenizer else d / "tokenizer.json"
+    path = Path(str(out)).expanduser()
+    if path.is_dir() or str(out).endswith("/"):
+        path = path / "model.ckpt"
     family = family_of(c, f"hf={hf}")
     overrides = family.overrides(c)
-    tok = pretrained_tokenizer(Path(str(tokenizer)).expanduser() if tokenizer else d / "tokenizer.json", c, d)
+    inputs = [d / "config.json", tok_path, *weight_files(d), *(d / i for i in ("model.safetensors.index.json",
+                                                                                "pytorch_model.bin.index.json"))]
+    if any(path.resolve() == i.resolve() for i in inputs):
+        raise registry.ConfigError(f"out={out}: that is a file conversion reads ({path.name} of the model); write "
+                                   "the checkpoint somewhere else, e.g. out=pretrained/model.ckpt")
+    notes = []
+    if c.get("auto_map"):
+        notes.append(f"config.json names custom code (auto_map: {', '.join(sorted(c['auto_map']))}); it is never "
+                     f"run: the standard {c.get('model_type')} architecture is converted")
+    tok = pretrained_tokenizer(tok_path, c, d)
+    if tok.hf.get_vocab_size(with_added_tokens=True) < tok.rows - 256:
+        notes.append(f"the tokenizer has {tok.hf.get_vocab_size(with_added_tokens=True)} tokens for the model's "
+                     f"{tok.rows} embedding rows (config.json vocab_size): check that it is this model's tokenizer")
     run_cfg = to_plain(compose(overrides))
     facts = DataFacts(tok, positions=int(run_cfg["model"]["max_len"]))
-    state, left_out = family.to_ours(read_hf_weights(d), c, int(run_cfg["model"]["n_layers"]))
+    try:
+        state, left_out = family.to_ours(read_hf_weights(d), c, int(run_cfg["model"]["n_layers"]))
+    except (RuntimeError, ValueError, KeyError, IndexError, TypeError) as e:  # a tensor of the wrong shape or name
+        raise registry.ConfigError(f"hf={hf}: the weights do not fit the model config.json describes "
+                                   f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})") from None
     target = next(iter(state.values())).dtype if dtype == "keep" else getattr(torch, dtype)
     entry, task_cfg = registry.make_config("task", run_cfg["task"])
     default = torch.get_default_dtype()
@@ -80,12 +108,9 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     task.model.to(target)  # also recomputes the position tables from float64 at this precision
     summary = {"hf": str(d), "model_type": family.model_type, "architectures": c.get("architectures"),
                "overrides": overrides, "left_out": left_out,
-               "params": sum(p.numel() for p in task.model.parameters()), "dtype": dtype}
+               "params": sum(p.numel() for p in task.model.parameters()), "dtype": dtype, "notes": notes}
     ckpt = {"state_dict": task.state_dict(), "global_step": 0, "converted_from": summary,
             "hyper_parameters": {"run_cfg": run_cfg, "data_facts": facts.state()}}
-    path = Path(str(out)).expanduser()
-    if path.is_dir() or str(out).endswith("/"):
-        path = path / "model.ckpt"
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, "wb") as fh:
         torch.save(ckpt, fh)

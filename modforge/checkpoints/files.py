@@ -9,7 +9,6 @@ which unpickles tensors and plain containers only, and what modforge stores in
 a checkpoint is exactly that (checked by a test). A file that holds anything
 else (a pickled object whose loading would run code) is refused in one line.
 """
-import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,23 +31,9 @@ def find_checkpoint(key: str, value: Any) -> Path:
 def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mmap: bool = False) -> dict:
     """The checkpoint's contents, loaded with ``weights_only=True``; anything else is one ConfigError. ``mmap``:
     tensors are read from the file when used (a large checkpoint read for its config costs no memory)."""
-    import pickle
+    from modforge.utils.readers import torch_file
 
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        if not found:  # not a pickle torch can read at all: a truncated or foreign file
-            raise ConfigError(f"{key}={path}: not a readable checkpoint (torch cannot unpickle it)") from None
-        raise ConfigError(
-            f"{key}={path}: refused: the file holds a pickled Python object ({found.group(1)}) besides tensors and "
-            "plain data, and loading it could run code. modforge checkpoints never do; load only files you trust."
-        ) from None
-    except (RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ConfigError(f"{key}={path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
+    ckpt = torch_file(path, key, map_location=map_location, mmap=mmap)
     hp = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
     if not isinstance(hp, dict) or "run_cfg" not in hp or "state_dict" not in ckpt:
         raise ConfigError(f"{key}={path}: not a modforge checkpoint (it has no run config and state dict)")
@@ -120,6 +105,18 @@ def init_config(cfg: Any, ckpt: dict, user_keys: Optional[list]) -> Any:
                 if key.startswith(group + "."):
                     OmegaConf.update(node, key[len(group) + 1:], OmegaConf.select(cfg, key), merge=False)
             merged[group] = node
+        # the text is read with the checkpoint's own tokenizer (its embeddings were trained on those ids): the
+        # config says so, and a command line that asks for another one is refused
+        saved_data = saved.get("data") or {}
+        for key in ("tokenizer", "tokenizer_path", "vocab_size"):
+            if key not in saved_data or "data" not in merged or key not in merged.data:
+                continue
+            asked = OmegaConf.select(cfg, f"data.{key}")
+            if f"data.{key}" in keys and asked != saved_data[key]:
+                raise ConfigError(f"data.{key}={asked}: init_from={cfg.get('init_from')} reads text with its own "
+                                  f"tokenizer (data.{key}={saved_data[key]}): its embeddings were trained on those "
+                                  f"ids; leave data.{key} out")
+            merged.data[key] = saved_data[key]
     return merged
 
 

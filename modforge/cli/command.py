@@ -1,5 +1,7 @@
-"""What every command-line entry point shares: a mistake ends in one line on stderr and exit code 2."""
+"""What every command-line entry point shares: a mistake ends in one line on stderr and exit code 2; a signal
+(Ctrl-C, SIGTERM) ends it with 128 + the signal's number."""
 import contextlib
+import signal
 import sys
 from typing import Callable, Iterator, NoReturn, Optional
 
@@ -45,3 +47,29 @@ def command(doc: str, body: Callable[[list], None], argv: Optional[list] = None)
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
+
+
+@contextlib.contextmanager
+def signals_noted(received: list):
+    """Note SIGINT and SIGTERM (the exit code is 128 + the signal). A signal while Lightning trains is Lightning's
+    to handle (it stops at the end of the step; the run records 'interrupted'); at any other time it stops the
+    command as Ctrl-C would."""
+    def noted(signum, frame):
+        received.append(signum)
+        if signum == signal.SIGINT or signal.getsignal(signum) is noted:  # not inside Lightning's own handler
+            raise KeyboardInterrupt
+
+    try:
+        previous = {s: signal.signal(s, noted) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread (a notebook's worker): nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def signal_name(received: list) -> str:
+    return signal.Signals(received[0]).name if received else "an interruption"

@@ -12,6 +12,7 @@ from modforge.config.checks import check_output_dir, check_overrides, validate
 from modforge.config.composition import compose_job, hydra_loader
 from modforge.config.grid import job_overrides
 from modforge.config.overrides import HYDRA_VALUE_FLAGS, flag, user_override_keys
+from modforge.run.dirs import read_state
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.sweeps.clusters import check_launcher_installed, runs_elsewhere
 from modforge.sweeps.gpus import check_slots, slot_count
@@ -20,13 +21,13 @@ from modforge.sweeps.gpus import check_slots, slot_count
 @dataclass
 class Verdict:
     """What the pre-flight found: how many jobs, which are invalid (with ``skip_invalid=true`` the others
-    run), the sweep's directory, and whether every job's config was validated on this machine (the jobs then
-    need not validate again)."""
+    run), and whether every job's config was validated on this machine (the jobs then need not validate
+    again)."""
 
     jobs: int = 0
     invalid: list = field(default_factory=list)  # [(job overrides, reason)]
-    sweep_dir: Optional[Path] = None
     checked: bool = False
+    notes: list = field(default_factory=list)  # settings legal but probably not meant, printed once each
 
 
 def preflight(argv: list, multirun: bool) -> Verdict:
@@ -54,12 +55,16 @@ def preflight(argv: list, multirun: bool) -> Verdict:
             if i == 0:  # the run (or sweep) directory is the command's, not a job's: it fails at once
                 key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
                 check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
+                if not multirun:
+                    check_run_dir(Path(str(cfg.hydra.run.dir)))
                 slots = slot_count(cfg.hydra.launcher) if multirun else None  # hydra/launcher=gpus: its devices
-                verdict.sweep_dir = Path(str(cfg.hydra.sweep.dir)) if multirun else None
             try:
                 if slots is not None:
                     check_slots(cfg.trainer.get("devices", 1), slots)
-                check_job(cfg, user_override_keys(job), here=not elsewhere)
+                for note in check_job(cfg, user_override_keys(job), here=not elsewhere):
+                    if note not in verdict.notes:
+                        verdict.notes.append(note)
+                        print(f"[modforge] note: {note}", file=sys.stderr)
             except registry.ConfigError as e:
                 bad.append((i, job, e))
     if len(jobs) == 1 and bad:
@@ -74,17 +79,29 @@ def preflight(argv: list, multirun: bool) -> Verdict:
         print(f"[modforge] skipping {len(bad)} invalid of {len(jobs)} jobs (skip_invalid=true): {described}",
               file=sys.stderr)
         verdict.invalid = [(job, str(e)) for _, job, e in bad]
+        verdict.checked = False  # the valid ones were, but a sweeper that does not read the verdicts runs all
     return verdict
 
 
-def check_job(cfg, user_keys: Optional[list], here: bool) -> None:
+def check_run_dir(d: Path) -> None:
+    """A single run's directory is refused before Hydra writes its record into it when it holds another tool's
+    files, or a run whose config.yaml cannot be read."""
+    state = read_state(d)
+    if state.status == "foreign":
+        raise registry.ConfigError(f"hydra.run.dir={d}: it {state.error}; choose an empty or new directory")
+    if state.damaged:
+        raise registry.ConfigError(f"hydra.run.dir={d}: its config.yaml cannot be read ({state.damaged}); repair "
+                                   "it, or delete the directory to train the run again")
+
+
+def check_job(cfg, user_keys: Optional[list], here: bool) -> list:
     """One job's config as it will train: the ``init_from=`` checkpoint's architecture under the command line,
     or the resumed run's config with what the command line may change; validated once."""
     cfg, _ = with_init_from(cfg, user_keys)
     resume = resume_path(cfg.get("resume"))
     if resume:
         cfg = resumed_config(cfg, resume, user_keys, finished_ok=unrecorded(resume))
-    validate(cfg, here=here)
+    return validate(cfg, here=here)
 
 
 def check_words(argv: list) -> None:

@@ -28,6 +28,13 @@ class Norm(nn.Module):
 declare("norm", "normalisation layer (called as norm(x, mask))", base=Norm, default="layer", part=True)
 
 
+def check_eps(eps: float) -> None:
+    """A norm's epsilon keeps its denominator away from zero: it must be positive (a negative one can make it
+    zero or negative, and the first step NaN)."""
+    if not eps > 0:
+        raise ConfigError(f"norm.eps={eps}: must be > 0 (it keeps the denominator away from zero; typical: 1e-5)")
+
+
 @register("norm", "layer")
 class LayerNorm(Norm):
     """LayerNorm over the feature dimension: gamma * (x - mean) / sqrt(var + eps) + beta."""
@@ -36,6 +43,9 @@ class LayerNorm(Norm):
     class Config:
         eps: float = 1e-5
         bias: bool = True
+
+        def __post_init__(self):
+            check_eps(self.eps)
 
     def __init__(self, cfg: Config, d_model: int):
         super().__init__()
@@ -104,6 +114,7 @@ class RMSNorm(Norm):
         eps_placement: str = "inside"  # inside | outside
 
         def __post_init__(self):
+            check_eps(self.eps)
             if self.eps_placement not in ("inside", "outside"):
                 raise ConfigError(
                     f"norm.eps_placement={self.eps_placement!r}: allowed values are 'inside' "
@@ -146,6 +157,12 @@ class MaskedBatchNorm(Norm):
         eps: float = 1e-5
         momentum: float = 0.1
         affine: bool = True
+
+        def __post_init__(self):
+            check_eps(self.eps)
+            if not 0.0 <= self.momentum <= 1.0:
+                raise ConfigError(f"norm.momentum={self.momentum}: must be in [0, 1] (the weight of each batch in the "
+                                  "running statistics)")
 
     def __init__(self, cfg: Config, d_model: int):
         super().__init__()

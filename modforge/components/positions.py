@@ -98,6 +98,13 @@ class NoPositions(PositionalScheme):
     """No positional information (NoPE; a causal mask still breaks symmetry)."""
 
 
+def check_base(base: float) -> None:
+    """The wavelengths grow geometrically with ``base``: above 1, or every dimension turns at the same rate (or the
+    angles grow instead of shrinking)."""
+    if not base > 1:
+        raise ConfigError(f"pos.base={base}: must be > 1 (the wavelengths are base^(2i/d); typical: 10000)")
+
+
 def sinusoid_table(n: int, d: int, base: float = 10000.0) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d))."""
     pos = torch.arange(n, dtype=torch.float64)[:, None]
@@ -115,6 +122,9 @@ class Sinusoidal(PositionalScheme):
     @dataclass
     class Config:
         base: float = 10000.0
+
+        def __post_init__(self):
+            check_base(self.base)
 
     computed = True
 
@@ -256,6 +266,7 @@ class RoPE(PositionalScheme):
         angles: str = "float64"  # float64 | float32
 
         def __post_init__(self):
+            check_base(self.base)
             allowed = {"pairing": ("interleaved", "half"), "scaling": tuple(ROPE_SCALINGS),
                        "angles": tuple(_ANGLE_DTYPES)}
             for key, values in allowed.items():

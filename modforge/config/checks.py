@@ -15,10 +15,12 @@ from modforge.config.schema import (LOGGER_PACKAGES, PRESET_GROUPS, PROGRESS, RO
 from modforge.utils.devices import PRECISIONS
 
 
-def validate(cfg: DictConfig, here: bool = True) -> None:
+def validate(cfg: DictConfig, here: bool = True) -> list:
     """Everything that can be checked before any work: every component group resolved to its typed config
     (values in range), task, model and data fitting together, the root keys' types, the Trainer's values
-    (with ``here=False``, for jobs a cluster runs elsewhere, not those that depend on this machine's devices)."""
+    (with ``here=False``, for jobs a cluster runs elsewhere, not those that depend on this machine's devices).
+    -> notes: settings that are legal but probably not what was meant (one line each, for the user)."""
+    notes: list = []
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_trainer_keys(cfg.trainer)
     check_callbacks(cfg.get("callbacks"))
@@ -42,6 +44,16 @@ def validate(cfg: DictConfig, here: bool = True) -> None:
         total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
         d_model = getattr(typed.get("model", (None, None))[1], "d_model", 1)
         registry.build("scheduler", cfg.scheduler, opt, d_model=d_model, total_steps=total)
+        warmup = cfg.scheduler.get("warmup_steps")
+        if total and isinstance(warmup, int) and warmup >= total and cfg.scheduler.get("name") != "noam":
+            notes.append(f"scheduler.warmup_steps={warmup} is not shorter than trainer.max_steps={total}: the "
+                         f"learning rate never reaches optim.lr={cfg.optim.get('lr')} (fine for a smoke test; for a "
+                         f"result, shorten the warm-up, e.g. scheduler.warmup_steps={total // 10}, or train longer)")
+    if "attention" in typed and "model" in typed:
+        kv, heads = getattr(typed["attention"][1], "n_kv_heads", None), getattr(typed["model"][1], "n_heads", None)
+        if kv is not None and heads is not None and heads % kv:
+            raise registry.ConfigError(f"attention.n_kv_heads={kv}: must divide model.n_heads={heads} (each key/value "
+                                       "head is shared by the same number of query heads)")
     if {"task", "model", "data"} <= set(typed):
         from modforge.tasks.base import check_fit
 
@@ -55,6 +67,8 @@ def validate(cfg: DictConfig, here: bool = True) -> None:
         raise registry.ConfigError(f"eval_block_sizes={list(cfg.eval_block_sizes)}: data={cfg.data.name} has no "
                                    "block_size (evaluating at other lengths needs language-modelling data cut "
                                    "into windows: stdlib, tinyshakespeare, text, hf)")
+    return notes
+
 
 def check_positions(longest: Optional[int], max_len: int, what: str) -> None:
     """The longest sequence the data can produce must fit the model's positions / KV cache."""
@@ -90,8 +104,20 @@ def check_trainer_values(t: Any, here: bool = True) -> None:
     if cve is not None and (isinstance(cve, bool) or not isinstance(cve, int) or cve < 1):
         bad("check_val_every_n_epoch", "an integer >= 1, or null (validate by steps)")
     lvb = t.get("limit_val_batches")
-    if lvb is not None and (isinstance(lvb, bool) or not isinstance(lvb, (int, float)) or lvb < 0):
-        bad("limit_val_batches", "a number >= 0")
+    if lvb is not None and (isinstance(lvb, bool) or not isinstance(lvb, (int, float)) or lvb <= 0):
+        bad("limit_val_batches", "a number of batches >= 1 or a fraction in (0, 1]: 0 validates nothing, so the run "
+            "would have no result to report or compare")
+    ltb = t.get("limit_train_batches")
+    if ltb is not None and (isinstance(ltb, bool) or not isinstance(ltb, (int, float)) or ltb <= 0):
+        bad("limit_train_batches", "a number of batches >= 1 or a fraction in (0, 1]: 0 trains nothing")
+    if isinstance(ltb, float) and ltb > 1:
+        bad("limit_train_batches", "a fraction must be in (0, 1]; give a whole number for a count of batches")
+    epochs = t.get("max_epochs")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs == 0 or epochs < -1):
+        bad("max_epochs", "an integer >= 1, or -1 / null (no limit: trainer.max_steps decides): 0 trains nothing")
+    every = t.get("log_every_n_steps")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        bad("log_every_n_steps", "an integer >= 1 (the training curve's resolution)")
     clip = t.get("gradient_clip_val")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
         bad("gradient_clip_val", "a number >= 0 (or null: no clipping)")
@@ -287,6 +313,10 @@ def check_callbacks(node: Any) -> None:
         cls = _locate_class(f"callbacks.{name}", str(value["_target_"]))
         if not (isinstance(cls, type) and issubclass(cls, L.Callback)):
             raise registry.ConfigError(f"callbacks.{name}._target_={value['_target_']}: not a lightning Callback")
+        monitor = value.get("monitor")
+        if isinstance(monitor, str) and not (monitor == "train/loss" or monitor.startswith("val/")):
+            raise registry.ConfigError(f"callbacks.{name}.monitor={monitor}: runs log train/loss and val/<metric> "
+                                       "(val/loss, and the task's own: val/bpc, val/acc, val/exact_match ...)")
 
 def check_loggers(node: Any) -> None:
     """Every ``logger`` entry: a Lightning logger class whose package is installed (one line naming the extra

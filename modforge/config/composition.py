@@ -5,12 +5,14 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.config import resolvers  # noqa: F401 - the YAML's ${modforge_new_dir:...}, ${modforge_dirname:...}
 from modforge.config.schema import store_trainer_schema
 from modforge.plugins import load_all
+from modforge.utils import readers
 
 _PKG_CONF = Path(__file__).resolve().parent.parent / "conf"  # in an installed wheel
 _SRC_CONF = Path(__file__).resolve().parent.parent.parent / "conf"  # in a source checkout / editable install
@@ -57,7 +59,10 @@ def parse_overrides(args: list, loader: Any = None) -> list:
     try:
         return OverridesParser.create(config_loader=loader).parse_overrides(args)
     except HydraException as e:
-        raise registry.ConfigError(f"not a valid override: {one_line(e)}") from None
+        odd = [a for a in args if not a.isascii() or " " in a or "\t" in a]
+        hint = (f" (quote the value: '{odd[0].split('=', 1)[0]}=\"{odd[0].split('=', 1)[-1]}\"'; Hydra's override "
+                "grammar reads spaces and non-ASCII characters only inside quotes)") if odd else ""
+        raise registry.ConfigError(f"not a valid override: {one_line(e)}{hint}") from None
 
 def preset_options(group: str, loader: Any = None) -> list[str]:
     """The YAML options of a Hydra config group (modforge's and plugins'), as Hydra itself finds them."""
@@ -82,6 +87,8 @@ def compose_job(overrides: list, hydra: bool = False) -> DictConfig:
             return h_compose("train", overrides=list(overrides), return_hydra_config=hydra)
         except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError, KeyError) as e:
             raise registry.ConfigError(one_line(e)) from None
+        except yaml.YAMLError as e:  # a config file (an experiment, a preset) that is not valid YAML
+            raise registry.ConfigError(readers.yaml_error(e)) from None
 
 def to_plain(cfg: DictConfig) -> dict:
     """The resolved config as plain containers, without Hydra's own node."""

@@ -65,12 +65,19 @@ def run_dirname(overrides: str, limit: int = 120) -> str:
     Hydra puts the overrides into the name as they are, so ``data.path=../a/b.txt``
     would nest the job three directories deep and a long sweep line would pass
     the file system's 255-byte limit. Here ``/`` becomes ``_`` and a name longer
-    than ``limit`` bytes is cut and ends in a hash of the whole, so names stay distinct.
+    than ``limit`` bytes keeps the whole ``key=value`` pairs that fit (a pair is never cut in the middle, where
+    its value would mislead) and ends in a hash of the whole, so names stay distinct.
     """
     name = overrides.replace("/", "_").replace("\\", "_") or "defaults"
     raw = name.encode()
     if len(raw) > limit:  # bytes, not characters: the file system's limit is in bytes
-        name = raw[: limit - 9].decode(errors="ignore") + "-" + hashlib.sha256(raw).hexdigest()[:8]
+        kept, size = [], 0
+        for pair in name.split(","):
+            size += len(pair.encode()) + (1 if kept else 0)
+            if size > limit - 9:
+                break
+            kept.append(pair)
+        name = ",".join(kept) + "-" + hashlib.sha256(raw).hexdigest()[:8]
     return name
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from modforge.registry import ConfigError
+from modforge.utils.readers import regular_file
 
 CHUNK_CHARS = 1 << 20  # ~1M characters of text read and tokenized at a time (faster and leaner than larger chunks)
 
@@ -182,9 +183,10 @@ def expand_paths(spec: Any, key: str = "data.path") -> list[str]:
                 raise ConfigError(f"{key}={item}: the glob matches no file (relative to {os.getcwd()}).")
         elif os.path.isdir(pat):
             raise ConfigError(f"{key}={item}: is a directory; name its files with a glob, e.g. {key}='{item}/*.txt'")
-        elif not os.path.isfile(pat):
+        elif not os.path.lexists(pat):
             raise ConfigError(f"{key}={item}: no such file (relative to {os.getcwd()}).")
         else:
+            regular_file(pat, key)  # a FIFO, a device, a link that leads nowhere or in a loop: says which
             found = [pat]
         out.extend(os.path.abspath(p) for p in found)
     return list(dict.fromkeys(out))
@@ -195,6 +197,7 @@ def existing_file(path: Optional[str], key: str, what: str) -> str:
     if not path:
         raise ConfigError(f"{key}: required; give the path of {what}.")
     p = os.path.expanduser(str(path))
-    if not os.path.isfile(p):
+    if not os.path.lexists(p):
         raise ConfigError(f"{key}={path}: no such file (relative to {os.getcwd()}); give the path of {what}.")
+    regular_file(p, key)  # a FIFO, a device, a link that leads nowhere or in a loop: says which
     return p

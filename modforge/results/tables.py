@@ -50,7 +50,7 @@ def load_jobs(root: Path) -> list[Job]:
             jobs.append(Job(d, name, {}, "unreadable", error=f"{type(e).__name__}: {e}".splitlines()[0]))
             continue
         job = Job(d, name, overrides, "unfinished", task=_task_of(d))
-        state = read_state(d)
+        state = read_state(d, owned=False)
         job.status = {"new": "unfinished", "foreign": "unreadable"}.get(state.status, state.status)
         job.metrics, job.error = state.metrics, state.error
         if state.metrics is not None:

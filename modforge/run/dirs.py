@@ -28,6 +28,10 @@ FINAL = ("finished", "diverged")  # a run in one of these has nothing left to do
 RECORDS = ("config.yaml", "metrics.json", "status.json", "checkpoints", "logs")  # what a run writes
 
 
+MARKER = ".modforge-run"  # written when a run claims its directory: what modforge may continue, trim or clear
+HYDRAS = (".hydra", ".lock", ".rank0.json", MARKER)  # Hydra's per-job record, the lock, rank 0's decision, the mark
+
+
 @dataclass
 class RunState:
     """What a directory says about the run in it."""
@@ -37,10 +41,11 @@ class RunState:
     metrics: Optional[dict] = None
     config: Optional[dict] = None  # the run's config.yaml
     checkpoint: Optional[Path] = None  # checkpoints/last.ckpt, when there is one
+    damaged: Optional[str] = None  # why the run's own config.yaml cannot be read: it is never retrained over
 
     @property
     def holds_run(self) -> bool:
-        return self.status != "new"
+        return self.status not in ("new", "foreign")
 
     def checkpoint_step(self) -> Optional[int]:
         """The step of ``last.ckpt`` (read memory-mapped: no weights are loaded), None without one."""
@@ -54,15 +59,48 @@ class RunState:
             return None
 
 
-def read_state(d: Path) -> RunState:
-    """The state of the run in ``d`` (``new`` when it holds none)."""
+def is_run_config(config: Any) -> bool:
+    """A mapping as modforge writes a run's ``config.yaml``: the model, task, data and trainer groups."""
+    return isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "task", "data", "trainer"))
+
+
+def strangers(d: Path) -> list[str]:
+    """What ``d`` holds besides Hydra's record of a job (``.hydra/``, ``<job>.log``) and modforge's own files."""
+    try:
+        names = sorted(p.name for p in Path(d).iterdir())
+    except OSError:
+        return []
+    return [n for n in names if n not in HYDRAS and not n.endswith(".log")]
+
+
+def read_state(d: Path, owned: bool = True) -> RunState:
+    """The state of the run in ``d`` (``new`` when it holds none). A directory is a run's when modforge marked
+    it (:data:`MARKER`) or its ``config.yaml`` is a modforge run config (runs from before the mark); anything
+    else in it besides Hydra's own record makes it ``foreign``: never written to, never cleared. ``owned=False``
+    (reading results only, as the report does): the records are read whoever wrote the directory."""
     d = Path(d)
+    if not d.is_dir():
+        return RunState("new")
+    config, damaged = None, None
+    if (d / "config.yaml").exists():
+        try:
+            config = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
+            if not is_run_config(config):
+                damaged, config = "it is not a run configuration (empty, or not the mapping modforge writes)", None
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            damaged = f"{type(e).__name__}: {e}".splitlines()[0]
+    if owned and not (d / MARKER).is_file() and config is None:
+        strange = strangers(d)
+        if strange:
+            return RunState("foreign", f"holds {', '.join(strange[:3])}{' ...' if len(strange) > 3 else ''} but no "
+                                       "modforge run (no .modforge-run mark, no run config.yaml): not a modforge "
+                                       "run's directory")
+        return RunState("new")
     ckpt = d / "checkpoints" / "last.ckpt"
     ckpt = ckpt if ckpt.is_file() else None
-    config = None
+    if damaged:
+        return RunState("unreadable", f"config.yaml: {damaged}", None, None, ckpt, damaged=damaged)
     try:
-        if (d / "config.yaml").is_file():
-            config = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
         if (d / "metrics.json").is_file():
             metrics = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
             if not isinstance(metrics, dict) or not isinstance(metrics.get("val", {}), dict):
@@ -74,15 +112,29 @@ def read_state(d: Path) -> RunState:
             return RunState(status, metrics.get("error"), metrics, config, ckpt)
         if (d / "status.json").is_file():
             record = json.loads((d / "status.json").read_text(encoding="utf-8"))
+            if not isinstance(record, dict):
+                raise ValueError("not a status record (expected an object)")
             status = record.get("status") if record.get("status") in ("failed", "interrupted") else "failed"
             return RunState(status, record.get("error"), None, config, ckpt)
-    except (OSError, ValueError, AttributeError, yaml.YAMLError) as e:
+    except (OSError, ValueError, AttributeError) as e:
         return RunState("unreadable", f"{type(e).__name__}: {e}".splitlines()[0], None, config, ckpt)
-    if config is not None:
+    if config is not None or ckpt is not None or (d / "checkpoints").exists():
         return RunState("interrupted", None, None, config, ckpt)
-    if ckpt is not None or (d / "logs").exists() or (d / "checkpoints").exists():  # not written by a modforge run
-        return RunState("foreign", "holds logs/ or checkpoints/ but no config.yaml: not a modforge run's directory")
     return RunState("new")
+
+
+def claim(d: Path) -> bool:
+    """Mark ``d`` as a modforge run's directory (made if missing) unless another tool's files are in it; True when
+    it is (now) a run's directory."""
+    from modforge.utils.files import write_json
+
+    state = read_state(d)
+    if state.status == "foreign":
+        return False
+    if not (Path(d) / MARKER).is_file():
+        Path(d).mkdir(parents=True, exist_ok=True)
+        write_json(Path(d) / MARKER, {"format": "modforge-run-1"})
+    return True
 
 
 # the sweep's own switches: read by the sweeper, never passed on to a job
@@ -119,15 +171,20 @@ def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
 
 
 def clear_records(d: Path) -> None:
-    """Remove what an interrupted run without a checkpoint left (it starts again from step 0)."""
-    import shutil
-
-    for name in RECORDS:
-        p = Path(d) / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+    """Remove what an interrupted run without a checkpoint left (it starts again from step 0): only the files a
+    run writes, by name; anything else in its directory stays, and so does a folder that still holds it."""
+    d = Path(d)
+    for name in ("config.yaml", "metrics.json", "status.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (d / name).unlink()
+    for folder, patterns in (("checkpoints", ("last*.ckpt", "best*.ckpt", ".last*.ckpt.*.tmp", ".best*.ckpt.*.tmp")),
+                             ("logs", ("metrics.csv", "hparams.yaml"))):
+        for pattern in patterns:
+            for p in (d / folder).glob(pattern):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+        with contextlib.suppress(OSError):
+            (d / folder).rmdir()  # only when nothing else is in it
 
 
 def trim_metrics_csv(path: Path, step: int) -> None:
@@ -212,9 +269,13 @@ def failure_recorded(out_dir: Path):
 
         record = {"status": "failed" if isinstance(e, Exception) else "interrupted",
                   "error": (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]}
+        if not isinstance(e, Exception):  # Lightning ends a run on SIGTERM with its SIGTERMException, on Ctrl-C exit 1
+            record["error"] = "stopped by SIGTERM" if type(e).__name__ == "SIGTERMException" else \
+                "stopped by Ctrl-C (SIGINT)" if isinstance(e, KeyboardInterrupt) or type(e) is SystemExit else \
+                record["error"]
         if isinstance(e, Exception) and not isinstance(e, ModforgeError):
             record["traceback"] = "".join(traceback.format_exception(e))
         with contextlib.suppress(OSError):
-            if out_dir.is_dir():
+            if out_dir.is_dir() and claim(out_dir):  # never into another tool's directory
                 write_json(out_dir / "status.json", record)
         raise

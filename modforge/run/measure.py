@@ -37,12 +37,21 @@ class Phases:
         return {k: round(v, 2) for k, v in self.seconds.items()}
 
 
+def parameter_counts(model: Any) -> tuple:
+    """(all parameters, those in embeddings): Kaplan et al.'s N is the difference, without token and learned
+    position embeddings (a tied output head counts once, there)."""
+    from torch import nn
+
+    n_params = sum(p.numel() for p in model.parameters())
+    n_embedding = sum(p.numel() for p in {p for m in model.modules() if isinstance(m, nn.Embedding)
+                                           for p in m.parameters()})
+    return n_params, n_embedding
+
+
 def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any, facts: Any, record: Any,
                   divergence: Any, out_dir: Path, clock: Phases, initialised: Any = None) -> dict:
     """``metrics.json``: status, the final validation (or, diverged, the last finite values), sizes, steps,
     tokens, times, the sample."""
-    from torch import nn
-
     from modforge.run.callbacks import weights_fingerprint
     from modforge.utils import devices
 
@@ -69,10 +78,7 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         if cfg.get("eval_block_sizes") and metrics["status"] == "finished":
             eval_at_lengths(cfg, trainer, task, facts.tokenizer, metrics)
     clock.mark("final_eval")
-    n_params = sum(p.numel() for p in task.model.parameters())
-    # Kaplan et al.'s N: without token and learned position embeddings (a tied output head counts once, there)
-    n_embedding = sum(p.numel() for p in {p for m in task.model.modules() if isinstance(m, nn.Embedding)
-                                           for p in m.parameters()})
+    n_params, n_embedding = task.sizes
     metrics.update({
         "val_loss_at_start": record.val_loss_at_start,
         **{k: v for k, v in facts.stats.items() if k == "unigram_val_loss"},
@@ -81,7 +87,7 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
         "tokens_seen": tokens,
-        "fit_seconds": round(record.fit_seconds, 2),
+        "fit_seconds": round(getattr(record, "fit_ended", record.fit_seconds), 2),
         "train_seconds": round(record.train_seconds, 2),
         "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
         "resumed_at_steps": record.resumed_at,

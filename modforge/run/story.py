@@ -23,9 +23,10 @@ from modforge.checkpoints.files import facts_state, find_checkpoint, load_matchi
 from modforge.config.checks import check_positions, validate
 from modforge.config.composition import load, to_plain
 from modforge.config.overrides import user_override_keys
-from modforge.errors import RunDirTaken
+from modforge.errors import ConfigError, ModforgeError, RunDirTaken
 from modforge.run import measure, ranks
-from modforge.run.dirs import FINAL, clear_records, config_difference, read_state, run_lock, trim_metrics_csv
+from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, read_state, run_lock,
+                                trim_metrics_csv)
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.run.summary import print_summary, say_init
 from modforge.utils.console import quiet, say
@@ -55,6 +56,8 @@ def run(cfg: DictConfig, out_dir: Path, checked: bool = False, started: Optional
     rank, launch = ranks.launched_rank()
     follower = ranks.follows_rank0(rank)
     try:
+        if not follower:
+            refuse_unusable(out_dir, read_state(out_dir))  # before the lock file is made in it
         with contextlib.nullcontext() if follower else run_lock(out_dir):  # one process trains a run at a time
             if launch is not None and not follower:
                 with contextlib.suppress(FileNotFoundError):
@@ -87,6 +90,9 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     trainer, record, divergence = build_trainer(cfg, plain, out_dir, start.in_place, clock.t0)
     clock.mark("trainer")
     fit(trainer, task, dm, start, record, clock, eval_at_start=bool(cfg.eval_at_start))
+    if trainer.global_step == 0 and not start.resume and divergence.diverged_at is None:
+        raise ModforgeError(f"the run trained no step: data={cfg.data.name} gave no training batch (is "
+                            f"data.batch_size={cfg.data.get('batch_size')} larger than its training split?)")
     metrics = measure.final_metrics(cfg, plain, trainer, task, dm, facts, record, divergence, out_dir, clock,
                                   initialised)
     return finish(metrics, trainer, out_dir)
@@ -107,19 +113,18 @@ def decide_start(cfg: DictConfig, out_dir: Path, resume: Optional[str]) -> Start
     """Fresh, resumed (from which checkpoint, in place or not), or nothing to do, from what ``out_dir`` holds
     and ``resume=``; a directory that is another run's is refused before anything is written."""
     state = read_state(out_dir)
-    if state.status == "foreign":
-        raise RunDirTaken(f"{out_dir} {state.error}; choose an empty hydra.run.dir")
+    refuse_unusable(out_dir, state)
     if resume:
         in_place = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
         if state.holds_run and not in_place and state.config is not None:
             raise RunDirTaken(f"{out_dir} holds another run ({state.status}); resume it there with "
                               f"resume={out_dir}, or choose an empty hydra.run.dir")
-        return Start(resume=resume, in_place=in_place)
-    if state.holds_run and state.config is None:
-        return Start(clear=True)  # failed before it wrote its config (status.json alone): from step 0
+        return claimed(out_dir, Start(resume=resume, in_place=in_place))
+    if state.holds_run and state.config is None and state.checkpoint is None:
+        return claimed(out_dir, Start(clear=True))  # failed before it wrote its config (status.json alone)
     if not state.holds_run:
-        return Start()
-    diff = config_difference(state.config, to_plain(cfg))
+        return claimed(out_dir, Start())
+    diff = config_difference(state.config or {}, to_plain(cfg))
     if diff:
         raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff)})"
                           "; choose an empty hydra.run.dir (or hydra.sweep.dir)")
@@ -130,8 +135,24 @@ def decide_start(cfg: DictConfig, out_dir: Path, resume: Optional[str]) -> Start
             "(delete the directory to train it again)")
         return Start(done=state.metrics)
     if state.checkpoint is not None:
-        return Start(resume=str(state.checkpoint), in_place=True)
-    return Start(clear=True)  # interrupted before its first checkpoint: from step 0
+        return claimed(out_dir, Start(resume=str(state.checkpoint), in_place=True))
+    return claimed(out_dir, Start(clear=True))  # interrupted before its first checkpoint: from step 0
+
+
+def refuse_unusable(out_dir: Path, state: Any) -> None:
+    """Another tool's directory, or a run whose config.yaml cannot be read: nothing is written there."""
+    if state.status == "foreign":
+        raise RunDirTaken(f"{out_dir} {state.error}; choose an empty hydra.run.dir")
+    if state.damaged:
+        raise RunDirTaken(f"{out_dir}: its config.yaml cannot be read ({state.damaged}); a run is never trained "
+                          "again over its own records: repair config.yaml, or delete the directory to train it again")
+
+
+def claimed(out_dir: Path, start: Start) -> Start:
+    """The directory is marked as this run's (:func:`modforge.run.dirs.claim`) before anything is written in it."""
+    if not claim(out_dir):
+        raise RunDirTaken(f"{out_dir} {read_state(out_dir).error}; choose an empty hydra.run.dir")
+    return start
 
 
 def settle_config(cfg: DictConfig, start: Start, init: Optional[dict], checked: bool) -> tuple:
@@ -140,7 +161,7 @@ def settle_config(cfg: DictConfig, start: Start, init: Optional[dict], checked: 
     change is taken); the config is validated here, once, unless the pre-flight did."""
     from modforge.data.base import DataFacts
 
-    tokenizer = None
+    tokenizer, cfg_resume = None, cfg.get("resume")
     if start.resume:
         ckpt = read_checkpoint(start.resume, "resume")
         start.step = int(ckpt.get("global_step", 0))
@@ -150,8 +171,9 @@ def settle_config(cfg: DictConfig, start: Start, init: Optional[dict], checked: 
         init = None  # a run started from other weights continues from its own
     elif init is not None:  # the pretrained model's tokenizer: the ids its embeddings were trained on
         tokenizer = DataFacts.from_state(facts_state(init)).tokenizer
-    if not checked:
-        validate(cfg)
+    if not checked or (start.resume and not cfg_resume):  # a resume found in the directory: the pre-flight
+        for note in validate(cfg):                          # validated the command line, not the saved run
+            say(f"[modforge] note: {note}")
     return cfg, tokenizer, init
 
 
@@ -184,6 +206,11 @@ def prepare_data(cfg: DictConfig, tokenizer: Any) -> tuple:
     dm = registry.build("data", cfg.data)
     facts = dm.prepare(tokenizer)
     check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
+    val_tokens = getattr(dm, "val_tokens", None)
+    for n in cfg.get("eval_block_sizes") or []:  # found out now, not after the whole run has trained
+        if val_tokens is not None and len(val_tokens) <= int(n):
+            raise ConfigError(f"eval_block_sizes={list(cfg.eval_block_sizes)}: the validation split has "
+                              f"{len(val_tokens)} tokens, so it holds no window of {n}; give lengths below that")
     return dm, facts
 
 
@@ -196,6 +223,7 @@ def build_task(cfg: DictConfig, plain: dict, facts: Any, init: Optional[dict], q
         initialised = {"checkpoint": str(find_checkpoint("init_from", cfg.init_from)), **load_matching(task.model, init)}
         if not quiet_init:
             say_init(initialised)
+    task.sizes = measure.parameter_counts(task.model)  # before any strategy shards the parameters
     if cfg.get("compile"):
         task.model.compile()  # nn.Module.compile: in place, so state-dict keys (checkpoints) stay the same
     return task, initialised
@@ -214,7 +242,8 @@ def build_trainer(cfg: DictConfig, plain: dict, out_dir: Path, in_place: bool, s
     record = RunRecord(started=started)
     divergence = DivergenceStop(cfg.divergence_patience)
     ckpt_cb = Checkpoints(divergence, dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss",
-                          mode="min", save_top_k=1, save_last=True, auto_insert_metric_name=False)
+                          mode="min", save_top_k=1, save_last=True, auto_insert_metric_name=False,
+                          enable_version_counter=False)  # one last.ckpt, also in a run directory that moved
     callbacks = [ckpt_cb, LearningRateMonitor(logging_interval="step"), record, divergence]
     settings = OmegaConf.to_container(cfg.trainer, resolve=True)
     chosen = plain.get("callbacks") or {}
@@ -250,9 +279,15 @@ def fit(trainer: Any, task: Any, dm: Any, start: Start, record: Any, clock: "mea
         record.fit_started()
         train_before = record.train_before
         with measure.quiet_about_existing_records(start.in_place):
-            trainer.fit(task, datamodule=dm, ckpt_path=start.resume, weights_only=True)
+            try:
+                trainer.fit(task, datamodule=dm, ckpt_path=start.resume, weights_only=True)
+            except RuntimeError as e:  # a callback's monitored metric that no validation logs
+                if "conditioned on metric" not in str(e):
+                    raise
+                raise ConfigError(f"callbacks: {str(e).splitlines()[0]}") from None
         clock.mark("fit")
         clock.split("fit", "train_steps", record.train_seconds - train_before)  # the rest: validations, checkpoints
+        record.fit_ended = record.fit_seconds  # what fit took, before the final evaluations
     finally:
         os.environ.pop(ranks.FOLLOW_ENV, None)
 

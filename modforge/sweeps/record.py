@@ -1,26 +1,27 @@
-"""What the training command and its sweeper tell each other, as files in the sweep directory (no module
-state is shared between them: a launcher may run the sweeper's jobs in other processes, and a sweep is
-resumed by another command).
+"""What the training command and its sweeper tell each other, as files: no module state is shared between
+them (a launcher may run jobs in other processes, and a sweep is resumed by another command).
 
-* ``.preflight.json``, command -> sweeper: the pre-flight's verdict on each job it found invalid (with
-  ``skip_invalid=true`` the others run): ``{"invalid": [[job overrides, reason], ...]}``. The sweeper reads
-  it once and removes it; the command removes it too when the sweep ends (a dry run leaves nothing behind).
-* ``sweep.json``, sweeper -> command: the outcome of this invocation of the sweep (its counts, its summary,
-  the exit code the command ends with, each job's action), written when the sweep ends or is refused. It
-  stays as the record of the sweep's last invocation; the command reads only the one written in its own
-  process since it started.
+The command opens a *channel* for each invocation, a private temporary directory named in the environment
+(:data:`CHANNEL_ENV`), and removes it when Hydra returns:
+
+* ``invalid.json``, command -> sweeper: the pre-flight's verdict on each job it found invalid (with
+  ``skip_invalid=true`` the others run): ``{"invalid": [[job overrides, reason], ...]}``;
+* ``outcome.json``, sweeper -> command: the outcome of this invocation (its counts, its summary, the exit
+  code the command ends with, each job's action), written when the sweep ends, is refused, or is stopped.
+
+The outcome is also kept in the sweep directory as ``sweep.json``: the record of the sweep's last invocation.
 """
-import contextlib
 import json
 import os
-import time
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 from modforge.run.dirs import SWEEP_KEYS
 from modforge.utils.files import write_json
 
-PREFLIGHT = ".preflight.json"
+CHANNEL_ENV = "MODFORGE_SWEEP_CHANNEL"
 RECORD = "sweep.json"
 
 
@@ -31,40 +32,55 @@ def job_key(overrides: Any) -> tuple:
     return tuple(sorted(o for o, k in keys if k not in SWEEP_KEYS and not k.startswith(("hydra.", "hydra/"))))
 
 
-def write_invalid(sweep_dir: Path, invalid: list) -> None:
-    """The pre-flight's verdicts: ``invalid`` is [(job overrides, reason), ...]."""
-    write_json(Path(sweep_dir) / PREFLIGHT, {"invalid": [[list(job_key(job)), str(why)] for job, why in invalid]})
+def open_channel() -> Path:
+    """A new channel for this invocation of the command, named in this process's environment."""
+    channel = Path(tempfile.mkdtemp(prefix="modforge-sweep-"))
+    os.environ[CHANNEL_ENV] = str(channel)
+    return channel
 
 
-def take_invalid(sweep_dir: Path) -> dict:
-    """{job key: reason} from the pre-flight of this command (none: {}); the file is consumed."""
-    path = Path(sweep_dir) / PREFLIGHT
+def close_channel(channel: Path) -> Optional[dict]:
+    """-> the sweeper's outcome (None: no sweeper of modforge's ran, or it planned a dry run); the channel is
+    removed and no longer named in the environment."""
+    outcome = _read(channel / "outcome.json")
+    if os.environ.get(CHANNEL_ENV) == str(channel):
+        del os.environ[CHANNEL_ENV]
+    shutil.rmtree(channel, ignore_errors=True)
+    return outcome
+
+
+def _channel() -> Optional[Path]:
+    value = os.environ.get(CHANNEL_ENV)
+    return Path(value) if value and Path(value).is_dir() else None
+
+
+def _read(path: Path) -> Optional[dict]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    clear_invalid(sweep_dir)
-    return {tuple(job): why for job, why in data.get("invalid", [])}
+        return None
+    return data if isinstance(data, dict) else None
 
 
-def clear_invalid(sweep_dir: Path) -> None:
-    with contextlib.suppress(OSError):
-        (Path(sweep_dir) / PREFLIGHT).unlink()
+def write_invalid(channel: Path, invalid: list) -> None:
+    """The pre-flight's verdicts: ``invalid`` is [(job overrides, reason), ...]."""
+    write_json(channel / "invalid.json", {"invalid": [[list(job_key(job)), str(why)] for job, why in invalid]})
+
+
+def read_invalid() -> dict:
+    """{job key: reason} from the pre-flight of the command this sweeper runs in ({} outside one)."""
+    channel = _channel()
+    data = _read(channel / "invalid.json") if channel is not None else None
+    return {tuple(job): why for job, why in (data or {}).get("invalid", [])}
 
 
 def write_outcome(sweep_dir: Path, outcome: dict) -> None:
-    """The sweep's outcome (``exit``, ``summary``, ``counts``, ``jobs``), stamped with the writing process."""
-    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
-    write_json(Path(sweep_dir) / RECORD, {**outcome, "pid": os.getpid(), "written": time.time()}, indent=2)
-
-
-def read_outcome(sweep_dir: Path, since: float) -> Optional[dict]:
-    """The outcome this process's sweeper wrote in ``sweep_dir`` since ``since`` (a time.time()); None if none
-    (a dry run, a sweeper that is not modforge's)."""
+    """The sweep's outcome (``exit``, ``summary``, ``counts``, ``jobs``): to the command, and as ``sweep.json``."""
+    channel = _channel()
+    if channel is not None:
+        write_json(channel / "outcome.json", outcome)
     try:
-        data = json.loads((Path(sweep_dir) / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("pid") != os.getpid() or data.get("written", 0) < since:
-        return None
-    return data
+        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+        write_json(Path(sweep_dir) / RECORD, outcome, indent=2)
+    except OSError:  # the record is a courtesy; the command has the outcome
+        pass

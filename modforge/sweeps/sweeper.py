@@ -17,15 +17,15 @@ what a long ablation needs around it:
   A directory that holds a run of another configuration is never written to.
 * **invalid jobs** (found by the pre-flight, :mod:`modforge.cli.preflight`) stop the sweep
   before it starts, or with ``skip_invalid=true`` are left out: the pre-flight's verdicts
-  reach the sweeper in the sweep directory (:mod:`modforge.sweeps.record`);
+  reach the sweeper through the command's channel (:mod:`modforge.sweeps.record`);
 * **dry run** (``dry_run=true``): the plan is printed, nothing runs;
 * **launch**: the jobs to run go to whichever launcher is configured (basic,
   joblib, or a cluster's) in blocks of consecutive job numbers, so each job
   keeps its number and directory. A launcher that breaks (a killed joblib
   worker) ends only its block: jobs it never started are launched again;
 * **summary**: one line of counts, one line per job that failed, and the
-  exit code of the command (1 when a job failed or was interrupted), written to
-  ``sweep.json`` in the sweep directory, where the command reads them.
+  exit code of the command (1 when a job failed or was interrupted), handed to the
+  command through its channel and kept as ``sweep.json`` in the sweep directory.
 
 Each job itself records its own status (:mod:`modforge.sweeps.job` catches a job's
 exception, writes ``status.json`` and returns, so the next job runs).
@@ -46,7 +46,7 @@ from omegaconf import OmegaConf, open_dict
 from modforge.config.grid import expand_jobs, labels
 from modforge.errors import ConfigError, ModforgeError
 from modforge.run.dirs import CONTROL_KEYS, FINAL, SWEEP_KEYS, config_difference, is_locked, read_state
-from modforge.sweeps.record import job_key, take_invalid, write_outcome
+from modforge.sweeps.record import job_key, read_invalid, write_outcome
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class PlannedSweeper(Sweeper):
         flags = {k: bool(cfg.get(k, False)) for k in SWEEP_KEYS}
         jobs = self.expand([a for a in arguments if a.split("=", 1)[0].lstrip("+~") not in SWEEP_KEYS])
         sweep_dir = Path(str(cfg.hydra.sweep.dir))
-        self.invalid = take_invalid(sweep_dir)
+        self.invalid = read_invalid()
         plan = [self.plan_safely(i, job, flags) for i, job in enumerate(jobs)]
         print_plan(plan, sweep_dir, dry=flags["dry_run"])
         conflicts = [p for p in plan if p.action == "conflict"]
@@ -116,9 +116,11 @@ class PlannedSweeper(Sweeper):
             return []
         self.record_sweep(sweep_dir, cfg)
         returns = []
-        for block in blocks([p for p in plan if p.runs]):
-            returns += self.launch(block)
-        write_outcome(sweep_dir, {**outcome(plan, sweep_dir), "jobs": jobs_record(plan)})
+        try:
+            for block in blocks([p for p in plan if p.runs]):
+                returns += self.launch(block)
+        finally:  # also when a signal stops the sweep: the command prints the summary and the resume hint
+            write_outcome(sweep_dir, {**outcome(plan, sweep_dir), "jobs": jobs_record(plan)})
         return returns
 
     def expand(self, arguments: list) -> list:
@@ -151,6 +153,9 @@ class PlannedSweeper(Sweeper):
                            "still running?)")
         if state.status == "foreign":
             return Planned(num, overrides, d, "conflict", state.error)
+        if state.damaged:
+            return Planned(num, overrides, d, "conflict", f"its config.yaml cannot be read ({state.damaged}); repair "
+                           "it, or delete the directory to train the job again")
         if state.holds_run and state.config is not None:
             with open_dict(job_cfg):
                 job_cfg.pop("hydra")
@@ -241,7 +246,8 @@ def outcome(plan: list, sweep_dir: Path) -> dict:
         status = {"new": "interrupted", "unreadable": "failed"}.get(state.status, state.status)
         counts[status] += 1
         if status in ("failed", "interrupted"):
-            problems.append(f"  #{p.num} {status}: {state.error or 'no final record (killed?)'} ({p.dir})")
+            why = state.error or ("not started" if state.status == "new" and p.runs else "no final record (killed?)")
+            problems.append(f"  #{p.num} {status}: {why} ({p.dir})")
     invalid = sum(p.action == "invalid" for p in plan)
     line = (f"[modforge] sweep {sweep_dir}: {len(plan)} jobs: " + ", ".join(f"{v} {k}" for k, v in counts.items())
             + (f", {invalid} invalid (skipped)" if invalid else ""))
@@ -264,7 +270,11 @@ def sweep_command(sweep_dir: Path) -> tuple[list, list]:
     if not record.is_file():
         raise ConfigError(f"resume={sweep_dir}: no multirun.yaml there, so it is not a sweep directory "
                           "(give the directory a sweep was started in, e.g. multirun/<date>/<time>)")
-    saved = OmegaConf.load(record)
+    from modforge.utils import readers
+
+    saved = OmegaConf.create(readers.yaml_file(record, "resume"))
+    if not isinstance(saved.get("hydra"), dict) and not OmegaConf.is_dict(saved.get("hydra")):
+        raise ConfigError(f"resume={record}: not the multirun.yaml of a sweep (no hydra section)")
     task = [o for o in OmegaConf.to_container(saved.hydra.overrides.task)
             if o.split("=", 1)[0].lstrip("+~") not in CONTROL_KEYS]
     hydra = [o for o in OmegaConf.to_container(saved.hydra.overrides.hydra)

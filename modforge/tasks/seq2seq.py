@@ -28,6 +28,12 @@ class PairsConfig(TaskConfig):
     decode_in_val: bool = True  # report val/exact_match (the generative tasks decode the val set greedily)
     max_decode_len: int = 64
 
+    def __post_init__(self):
+        if hasattr(super(), "__post_init__"):
+            super().__post_init__()
+        if self.max_decode_len < 1:
+            raise ConfigError(f"task.max_decode_len={self.max_decode_len}: must be >= 1 (tokens decoded per target)")
+
 
 @dataclass
 class Seq2SeqConfig(PairsConfig):

@@ -48,6 +48,10 @@ class ScaleNorm(Norm):
         eps: float = 1e-5
         g_init: Optional[float] = None  # None: sqrt(d_model), as in the paper
 
+        def __post_init__(self):
+            if not self.eps > 0:
+                raise ConfigError(f"norm.eps={self.eps}: must be > 0 (the floor of the norm in the denominator)")
+
     def __init__(self, cfg: Config, d_model: int):
         super().__init__()
         self.eps = cfg.eps

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from modforge.errors import ConfigError
+from modforge.utils import readers
 
 
 # Hugging Face's activation names (GPT-2's activation_function, BERT's hidden_act) -> modforge's
@@ -18,41 +19,41 @@ HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "ge
 
 def read_hf_dir(directory: Any) -> tuple[Path, dict]:
     d = Path(str(directory)).expanduser()
-    if not (d / "config.json").is_file():
+    if not (d / "config.json").exists():
         raise ConfigError(f"hf={directory}: no config.json there; give a local Hugging Face model directory "
                           "(the one save_pretrained writes: config.json, model.safetensors or pytorch_model.bin, "
                           "tokenizer.json)")
-    try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ConfigError(f"hf={directory}: config.json is not JSON ({e})") from None
-    return d, cfg
+    return d, readers.json_file(d / "config.json", "hf")
 
-def read_hf_weights(d: Path) -> dict:
-    """Every tensor of the directory: model.safetensors (or its shards), else pytorch_model.bin (or its shards)
-    loaded with ``weights_only=True`` (a pickle that would run code is refused)."""
-    from safetensors.torch import load_file
 
-    for index, single, load in (("model.safetensors.index.json", "model.safetensors", lambda p: load_file(str(p))),
-                                ("pytorch_model.bin.index.json", "pytorch_model.bin", _load_bin)):
-        if (d / index).is_file():
-            files = sorted(set(json.loads((d / index).read_text())["weight_map"].values()))
-            state: dict = {}
-            for f in files:
-                state.update(load(d / f))
-            return state
-        if (d / single).is_file():
-            return load(d / single)
+def weight_files(d: Path) -> list:
+    """The files holding the directory's tensors: model.safetensors (or its shards), else pytorch_model.bin (or
+    its shards)."""
+    for index, single in (("model.safetensors.index.json", "model.safetensors"),
+                          ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        if (d / index).exists():
+            weight_map = readers.json_file(d / index, "hf").get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map or \
+                    not all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..") for f in weight_map.values()):
+                raise ConfigError(f"hf={d / index}: its weight_map must map tensor names to shard files in the "
+                                  "same directory")
+            return [d / f for f in sorted(set(weight_map.values()))]
+        if (d / single).exists():
+            return [d / single]
     raise ConfigError(f"hf={d}: no weights (model.safetensors or pytorch_model.bin, or their sharded index)")
 
-def _load_bin(path: Path) -> dict:
-    import pickle
 
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ConfigError(f"{path}: refused: it holds pickled Python objects besides tensors (loading it could run "
-                          f"code): {str(e).splitlines()[0]}") from None
+def read_hf_weights(d: Path) -> dict:
+    """Every tensor of the directory, safetensors read as they are, ``.bin`` files loaded with
+    ``weights_only=True`` (a pickle that would run code is refused); a damaged file is one line."""
+    state: dict = {}
+    for f in weight_files(d):
+        part = readers.safetensors_file(f, "hf") if f.name.endswith(".safetensors") else readers.torch_file(f, "hf")
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise ConfigError(f"hf={f}: not a file of named tensors")
+        state.update(part)
+    return state
+
 
 class Family:
     """One Hugging Face model family: config and weights in (``overrides``, ``to_ours``) and, where it can hold
