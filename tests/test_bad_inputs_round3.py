@@ -259,3 +259,17 @@ def test_a_special_file_as_data_is_named_for_what_it_is(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(ConfigError, match="data.path=.*fifo: a FIFO"):
         validate(compose(["data=text", f"data.path={tmp_path / 'fifo'}"]))
+
+
+def test_a_run_of_another_architecture_resumes_without_repeating_it(tmp_path):
+    """The resume command line composes today's defaults (decoder_only, stdlib): the saved run's groups replace
+    them whole, not merged into the defaults' typed schemas (seq2seq's data has keys stdlib's has not)."""
+    from modforge.train import main
+    from modforge.utils.files import read_json
+
+    small = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "trainer.val_check_interval=2",
+             "trainer.limit_val_batches=1", "sample=false", "callbacks.progress=none"]
+    main(["model=encoder_decoder", "trainer.max_steps=2", *small, f"hydra.run.dir={tmp_path / 'a'}"])
+    main([f"resume={tmp_path / 'a'}", "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'b'}"])
+    m = read_json(tmp_path / "b" / "metrics.json")
+    assert m["steps"] == 3 and m["config"]["model"] == "encoder_decoder" and m["config"]["data"] == "reverse"

@@ -62,7 +62,14 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     if path.is_dir() or str(out).endswith("/"):
         path = path / "model.ckpt"
     family = family_of(c, f"hf={hf}")
-    overrides = family.overrides(c)
+    try:
+        overrides = family.overrides(c)
+    except KeyError as e:
+        raise registry.ConfigError(f"hf={d / 'config.json'}: has no {e.args[0]!r}, which a {family.model_type} "
+                                   "config needs") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise registry.ConfigError(f"hf={d / 'config.json'}: a value of the wrong type or range "
+                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     inputs = [d / "config.json", tok_path, *weight_files(d), *(d / i for i in ("model.safetensors.index.json",
                                                                                 "pytorch_model.bin.index.json"))]
     if any(path.resolve() == i.resolve() for i in inputs):

@@ -22,6 +22,7 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     -> notes: settings that are legal but probably not what was meant (one line each, for the user)."""
     notes: list = []
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
+    check_finite(cfg)
     check_trainer_keys(cfg.trainer)
     check_callbacks(cfg.get("callbacks"))
     check_loggers(cfg.get("logger"))
@@ -36,7 +37,12 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     if "data" in typed and hasattr(typed["data"][1], "tokenizer"):
         from modforge.data.tokenizers import make_tokenizer
 
-        make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
+        tok = make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
+        if not tok.fits_on_data and getattr(tok, "hf", True) is None and not cfg.get("init_from") \
+                and not cfg.get("resume"):
+            raise registry.ConfigError(f"data.tokenizer={cfg.data.tokenizer}: it learns nothing from the data, so it "
+                                       "needs data.tokenizer_path=<a tokenizer.json> (or comes with init_from= or "
+                                       "resume= of a model that has one)")
     if "optim" in typed and "scheduler" in typed:  # built once on a dummy parameter: their own checks, now
         import torch
 
@@ -68,6 +74,27 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
                                    "block_size (evaluating at other lengths needs language-modelling data cut "
                                    "into windows: stdlib, tinyshakespeare, text, hf)")
     return notes
+
+
+def check_finite(cfg: DictConfig) -> None:
+    """No number of a config is NaN or infinite: nothing a run computes with one means anything (a learning
+    rate of inf, a clip value of nan)."""
+    import math
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise registry.ConfigError(f"{key}={node}: must be a finite number")
+
+    for key in cfg:
+        if key != "hydra":  # Hydra's own node resolves only inside a running job
+            value = cfg[key]
+            walk(OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, str(key))
 
 
 def check_positions(longest: Optional[int], max_len: int, what: str) -> None:

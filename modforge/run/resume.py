@@ -47,7 +47,10 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
     base = cfg.copy()
     with open_dict(base):
         base.pop("hydra", None)
-    merged = OmegaConf.merge(base, OmegaConf.create(saved))
+        for g in groups:  # another option of a group than today's default: the saved option whole, not merged
+            if g in base and isinstance(saved.get(g), dict) and saved[g].get("name") != base[g].get("name"):
+                base[g] = OmegaConf.create({})  # into the typed schema of the option the command line composed
+        merged = OmegaConf.merge(base, OmegaConf.create(saved))
     with open_dict(merged):
         for key in user_keys:
             head = key.split(".")[0].split("/")[0]

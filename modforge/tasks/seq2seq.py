@@ -40,6 +40,12 @@ class Seq2SeqConfig(PairsConfig):
     val_beam_size: int = 0  # > 0: also beam-decode the val set (val/exact_match_beam)
     length_penalty: float = 1.0
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.val_beam_size < 0:
+            raise ConfigError(f"task.val_beam_size={self.val_beam_size}: must be >= 0 (0: no beam decoding in "
+                              "validation; k: beams of width k)")
+
 
 class PairsTask(Task):
     """Base of the tasks on source -> target pairs: subclasses say how the model is run with teacher forcing
