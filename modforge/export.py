@@ -17,7 +17,7 @@ tokenizer.json when the model has a pretrained tokenizer), which ``transformers`
 Anything else is refused in one line naming what does not map. Keys (``key=value``):
 
   ckpt    a checkpoint file or a run directory (its checkpoints/last.ckpt)   (required)
-  out     the directory to write (created; files of the same names are replaced)  (required)
+  out     the directory to write (new, or an earlier export's: another tool's files are never replaced)  (required)
   format  modforge (default) | hf
 
 Examples:

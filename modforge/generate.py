@@ -45,6 +45,8 @@ class GenerateConfig:
 
 
 RAW_TEXT = ("prompt", "src", "ckpt")
+STRATEGY_KEYS = {"beam_size": ("beam",), "length_penalty": ("beam",), "temperature": ("sample",),
+                 "top_k": ("sample",), "top_p": ("sample",), "seed": ("sample",), "num_samples": ("sample",)}
 
 
 def parse(argv: list) -> GenerateConfig:
@@ -71,17 +73,25 @@ def parse(argv: list) -> GenerateConfig:
         raise registry.ConfigError(
             f"strategy={cfg.strategy}: allowed values are {', '.join(STRATEGIES)}.{registry.suggest(cfg.strategy, list(STRATEGIES))}"
         )
+    import math
+
     for key, ok, allowed in (
         ("max_new", cfg.max_new >= 1, "an integer >= 1"),
         ("beam_size", cfg.beam_size >= 1, "an integer >= 1 (1 is greedy)"),
-        ("temperature", cfg.temperature > 0, "a number > 0 (lower is sharper; use strategy=greedy for argmax)"),
+        ("seed", 0 <= cfg.seed and cfg.seed + cfg.num_samples <= 2 ** 32, "in [0, 2^32 - num_samples]"),
+        ("temperature", 0 < cfg.temperature < math.inf, "a number > 0 (lower is sharper; use strategy=greedy for argmax)"),
         ("top_k", cfg.top_k >= 0, "an integer >= 0 (0: off)"),
         ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1] (1: off)"),
         ("num_samples", cfg.num_samples >= 1, "an integer >= 1"),
-        ("length_penalty", cfg.length_penalty >= 0, "a number >= 0 (0: none)"),
+        ("length_penalty", 0 <= cfg.length_penalty < math.inf, "a finite number >= 0 (0: none)"),
     ):
         if not ok:
             raise registry.ConfigError(f"{key}={getattr(cfg, key)}: must be {allowed}")
+    unread = [k for k, strategies in STRATEGY_KEYS.items() if k in given and cfg.strategy not in strategies]
+    if unread:  # a setting the chosen strategy never reads would be ignored without a word
+        k = unread[0]
+        raise registry.ConfigError(f"{k}={given[k]}: strategy={cfg.strategy} does not read it (it is for "
+                                   f"strategy={' or '.join(STRATEGY_KEYS[k])}); drop it or change strategy=")
     import torch
 
     try:

@@ -60,6 +60,8 @@ def parse_args(argv: list[str]) -> dict:
         if not eq or key not in OPTIONS:
             raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
         args[key] = value
+    if args["out"] is not None and not args["out"].strip():
+        raise ReportError("out=: an empty path; give the directory to write the report into, or leave out= out")
     args["over_given"] = any(a.startswith("over=") for a in argv[1:])
     for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json")), ("tasks", ("apart", "together"))):
         if args[key] not in allowed:
@@ -94,7 +96,7 @@ def report_command(argv: list) -> None:
     text = {"md": lambda: to_markdown(tables, shared, counts, over, problems), "csv": lambda: to_csv(tables),
             "json": lambda: to_json(tables, shared, counts, jobs)}
     print(text[a["format"]]().rstrip("\n"))
-    if a["out"]:
+    if a["out"] is not None:
         out = Path(a["out"])
         try:
             out.mkdir(parents=True, exist_ok=True)

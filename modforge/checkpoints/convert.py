@@ -58,6 +58,8 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     load_all()
     d, c = read_hf_dir(hf)
     tok_path = Path(str(tokenizer)).expanduser() if tokenizer else d / "tokenizer.json"
+    if not str(out).strip():
+        raise registry.ConfigError("out=: an empty path; give the checkpoint file to write, e.g. out=gpt2.ckpt")
     path = Path(str(out)).expanduser()
     if path.is_dir() or str(out).endswith("/"):
         path = path / "model.ckpt"
@@ -75,6 +77,9 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     if any(path.resolve() == i.resolve() for i in inputs):
         raise registry.ConfigError(f"out={out}: that is a file conversion reads ({path.name} of the model); write "
                                    "the checkpoint somewhere else, e.g. out=pretrained/model.ckpt")
+    if path.exists() and path.suffix != ".ckpt":
+        raise registry.ConfigError(f"out={out}: {path} exists and is not a checkpoint (.ckpt); convert replaces "
+                                   "only a .ckpt file; choose another out=")
     notes = []
     if c.get("auto_map"):
         notes.append(f"config.json names custom code (auto_map: {', '.join(sorted(c['auto_map']))}); it is never "
@@ -107,9 +112,10 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     bad = [f"{k} {tuple(v.shape)} (modforge {tuple(want[k].shape)})" for k, v in state.items()
            if k in want and v.shape != want[k].shape]
     missing = [k for k in want if k not in state]
-    if bad or missing:
+    extra = [k for k in state if k not in want]  # e.g. token-type embeddings where config.json says there are none
+    if bad or missing or extra:
         raise registry.ConfigError(f"hf={hf}: the weights do not fit the model config.json describes: "
-                                   f"{'; '.join((bad + [f'{k} missing' for k in missing])[:3])}")
+                                   f"{'; '.join((bad + [f'{k} missing' for k in missing] + [f'{k} not in the model' for k in extra])[:3])}")
     task.model.load_state_dict(state)  # copies, cast to the model's precision
     del state
     task.model.to(target)  # also recomputes the position tables from float64 at this precision

@@ -9,6 +9,42 @@ from typing import Any
 from modforge import registry
 
 FORMAT = "modforge-export-1"
+MARK = ".modforge-export"  # in an export's directory: the files modforge wrote there, which a new export may replace
+
+
+def claim_out(out: Any, names: tuple) -> Path:
+    """The directory an export writes ``names`` into: new, or one whose files of those names a modforge export
+    wrote (its mark lists them; an older export: a config.json of this format). Another tool's files are
+    never replaced: refused in one line."""
+    if not str(out).strip():
+        raise registry.ConfigError("out=: an empty path; give the directory to write, e.g. out=exported/my-model")
+    d = Path(str(out)).expanduser()
+    if d.exists() and not d.is_dir():
+        raise registry.ConfigError(f"out={out}: a file, not a directory")
+    ours: set = set()
+    if (d / MARK).is_file():
+        try:
+            ours = set(json.loads((d / MARK).read_text()).get("files", []))
+        except (ValueError, OSError, AttributeError):
+            ours = set()
+    elif (d / "config.json").is_file():
+        try:
+            if json.loads((d / "config.json").read_text()).get("format") == FORMAT:
+                ours = {"model.safetensors", "config.json"}
+        except (ValueError, OSError, AttributeError):
+            pass
+    foreign = [n for n in names if (d / n).exists() and n not in ours]
+    if foreign:
+        raise registry.ConfigError(f"out={out}: it already holds {', '.join(foreign)}, not written by a modforge "
+                                   "export; choose a new directory (an export replaces only its own files)")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def mark_out(d: Path, names: list) -> None:
+    from modforge.utils.files import write_json
+
+    write_json(d / MARK, {"format": FORMAT, "files": sorted(names)}, indent=2)
 
 def export(ckpt: Any, out: Any) -> Path:
     """Write ``model.safetensors`` and ``config.json`` for the checkpoint ``ckpt`` into ``out``."""
@@ -23,13 +59,13 @@ def export(ckpt: Any, out: Any) -> Path:
     task = load_checkpoint(str(path))
     state = {k: v.detach().contiguous() for k, v in task.model.state_dict().items()}
     shared = tied_names(state)
-    out = Path(str(out)).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_out(out, ("model.safetensors", "config.json"))
     with atomic_file(out / "model.safetensors", "wb") as fh:
         fh.write(save({k: v for k, v in state.items() if k not in shared}, metadata={"format": FORMAT}))
     write_json(out / "config.json", {"format": FORMAT, "modforge_version": __version__, "run_cfg": hp["run_cfg"],
                                      "data_facts": facts_state({"hyper_parameters": hp}), "tied": shared},
                indent=2)
+    mark_out(out, ["model.safetensors", "config.json"])
     return out
 
 def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
@@ -57,8 +93,7 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
     config["torch_dtype"] = str(dtype).replace("torch.", "")
     state = {k: v.detach().contiguous() for k, v in family.to_theirs(model.state_dict(), run["model"]["n_layers"],
                                                                       run).items()}
-    out = Path(str(out)).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_out(out, ("model.safetensors", "config.json", "tokenizer.json"))
     with atomic_file(out / "model.safetensors", "wb") as fh:
         fh.write(save(state, metadata={"format": "pt"}))
     write_json(out / "config.json", config, indent=2)
@@ -69,6 +104,7 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
     else:
         notes.append(f"no tokenizer.json: the model's tokenizer ({tok.name}) is modforge's own, with ids no "
                      "Hugging Face tokenizer has; ids in, ids out")
+    mark_out(out, ["model.safetensors", "config.json", "tokenizer.json"])
     return out, config["architectures"][0], notes
 
 def load_exported(directory: Any, map_location: str = "cpu") -> Any:

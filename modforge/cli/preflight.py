@@ -45,6 +45,7 @@ def preflight(argv: list, multirun: bool) -> Verdict:
         check_overrides(argv, loader)
         jobs = job_overrides(argv, multirun, loader)
         verdict.jobs = len(jobs)
+        check_distinct(jobs, argv)
         bad, slots = [], None
         for i, job in enumerate(jobs):
             try:
@@ -81,6 +82,21 @@ def preflight(argv: list, multirun: bool) -> Verdict:
         verdict.invalid = [(job, str(e)) for _, job, e in bad]
         verdict.checked = False  # the valid ones were, but a sweeper that does not read the verdicts runs all
     return verdict
+
+
+def check_distinct(jobs: list, argv: list) -> None:
+    """No two jobs of a sweep are one configuration (``seed=1,1``): they would share a directory name's
+    meaning and count twice in the report's statistics."""
+    seen: dict = {}
+    for i, job in enumerate(jobs):
+        key = frozenset(job)
+        if key in seen:
+            first = seen[key]
+            swept = {a.split("=")[0].lstrip("+~") for a in argv if "," in a or "(" in a}
+            differs = [o for o in job if o.split("=")[0].lstrip("+~") in swept] or job[-1:]
+            raise registry.ConfigError(f"jobs #{first} and #{i} of the sweep are the same configuration "
+                                       f"({' '.join(differs)}): a value is listed twice; list each once")
+        seen[key] = i
 
 
 def check_run_dir(d: Path) -> None:

@@ -145,6 +145,9 @@ def check_trainer_values(t: Any, here: bool = True) -> None:
     every = t.get("log_every_n_steps")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         bad("log_every_n_steps", "an integer >= 1 (the training curve's resolution)")
+    if t.get("fast_dev_run"):
+        bad("fast_dev_run", "Lightning's fast_dev_run writes no checkpoint and no log, so the run could be neither "
+            "resumed nor reported; use trainer.max_steps=1 for a one-step run, or dry_run=true to check the config")
     clip = t.get("gradient_clip_val")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
         bad("gradient_clip_val", "a number >= 0 (or null: no clipping)")
@@ -206,7 +209,13 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
             return check_overrides(args, loader)
     kinds = set(registry.group_kinds())
     nested = {k: registry.kind(k).nested_in for k in registry.kinds() if not registry.kind(k).top_level}
-    for ov in parse_overrides(args, loader):
+    parsed = parse_overrides(args, loader)
+    given = {ov.key_or_group.lstrip("+~"): ov for ov in parsed if not ov.is_delete()}
+    if given.get("resume") and given.get("init_from") and given["resume"].value() and given["init_from"].value():
+        raise registry.ConfigError(f"{given['init_from'].input_line} with {given['resume'].input_line}: resume= "
+                                   "continues a run (its weights, optimizer and step), init_from= starts a new one "
+                                   "from weights; give one of them")
+    for ov in parsed:
         key = ov.key_or_group.lstrip("+~")
         if ov.package or key.startswith("hydra.") or key.startswith("hydra/") and ov.is_delete() or key == "hydra":
             continue
@@ -296,6 +305,9 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
     if not isinstance(v, allowed) or (bool not in allowed and isinstance(v, bool)):
         want = " or ".join(TYPE_WORDS[t] for t in allowed)
         raise registry.ConfigError(f"{line or f'{key}={v}'}: {key} must be {want}, not {v!r}")
+    if key in ("resume", "init_from") and isinstance(v, str) and not v.strip():
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: an empty path (an unset shell variable?); give a run "
+                                   f"directory or a .ckpt file, or leave {key} out")
     if key == "seed" and not 0 <= v < 2 ** 32:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
     if key == "divergence_patience" and v is not None and v < 1:

@@ -72,6 +72,10 @@ def _read_rows(path, text_field, label_field, key, delimiter, encoding) -> list[
                                   f"(header: {', '.join(cols) or 'empty'}).")
         out = []
         for row in reader:
+            if None in row:  # more fields than the header names: a comma inside an unquoted text, most likely
+                raise ConfigError(f"{key}={path}, line {reader.line_num}: {len(cols) + len(row[None])} fields, but "
+                                  f"the header names {len(cols)}; quote a text that holds the delimiter "
+                                  f"({delimiter!r}), e.g. \"a, b\"")
             text, label = row.get(text_field), row.get(label_field)
             if text is not None:
                 refuse_binary(text, path, key)
@@ -160,6 +164,9 @@ class ClassifyData(ExamplesData):
     def encode(self, train: list, val: list, tok: Tokenizer) -> tuple[list, list, dict]:
         c = self.cfg
         labels = sorted({y for _, y, _ in train})
+        if len(labels) < 2:
+            raise ConfigError(f"data.path={c.path}: the training examples have {len(labels)} label(s) {labels}; a "
+                              f"classifier needs at least two labels (data.label_field={c.label_field})")
         index = {y: i for i, y in enumerate(labels)}
         for _, y, line in val:
             if y not in index:

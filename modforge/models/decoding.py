@@ -212,10 +212,16 @@ def generate(model, tokenizer, *, prompt: str = "", src: Optional[str] = None, s
         raise ConfigError(f"{type(model).__name__} has no autoregressive decoder: it cannot generate text")
     if model.needs_source and src is None:
         raise ConfigError("this model translates a source: give src=\"...\"")
+    if not model.needs_source and src:
+        raise ConfigError(f"src={src}: this model ({type(model).__name__}) reads no source; it continues prompt=")
     device = next(model.parameters()).device
     max_len = model.cfg.max_len
     if model.needs_source:
-        src_ids = torch.tensor([tokenizer.encode(src)[:max_len]], device=device)
+        src_tokens = tokenizer.encode(src)
+        if len(src_tokens) > max_len:
+            raise ConfigError(f"src=: {len(src_tokens)} tokens, longer than the model's {max_len} positions "
+                              "(model.max_len); shorten it")
+        src_ids = torch.tensor([src_tokens], device=device)
         ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
         stepper_kw = {"src": src_ids, "src_mask": torch.ones_like(src_ids, dtype=torch.bool)}
     else:

@@ -45,7 +45,8 @@ def load_jobs(root: Path) -> list[Job]:
         name = str(d.relative_to(root)) if d != root else d.name
         try:
             listed = yaml.safe_load(ov_file.read_text(encoding="utf-8")) or []
-            overrides = dict(str(o).lstrip("+~").split("=", 1) for o in listed if "=" in str(o))
+            overrides = {k: canonical(v) for k, v in (str(o).lstrip("+~").split("=", 1) for o in listed
+                                                       if "=" in str(o))}
         except (OSError, ValueError, yaml.YAMLError) as e:
             jobs.append(Job(d, name, {}, "unreadable", error=f"{type(e).__name__}: {e}".splitlines()[0]))
             continue
@@ -219,7 +220,7 @@ def pick_baseline(rows: list[Row], by_name: list[Row], varying: list, spec: str,
         raise ReportError(f"baseline={spec}: name the baseline by the overrides that vary in this sweep "
                           f"({', '.join(varying) or 'none vary'}), e.g. baseline={varying[0] if varying else 'k'}=..., "
                           "or use baseline=best or baseline=first")
-    found = [r for r in rows if all(dict(zip(varying, r.label)).get(k) == v for k, v in want.items())]
+    found = [r for r in rows if all(same_value(str(dict(zip(varying, r.label)).get(k)), v) for k, v in want.items())]
     if len(found) != 1:
         options = "; ".join(",".join(f"{k}={v}" for k, v in zip(varying, r.label)) for r in rows)
         raise ReportError(f"baseline={spec}: matches {len(found)} configurations; it must match one of: {options}")
@@ -384,10 +385,20 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
 
 def same_value(a: str, b: str) -> bool:
     """Override values as written (seed=2) or as Hydra rewrites a swept one (optim.lr=3e-3 -> 0.003)."""
+    return canonical(a) == canonical(b)
+
+def canonical(v: str) -> str:
+    """One spelling per value, so that one configuration is one row: optim.lr=1e-3 and optim.lr=0.001 are the
+    same number, sample=False and sample=false the same boolean; integers and words stay as written."""
+    if v.lower() in ("true", "false"):
+        return v.lower()
+    if re.fullmatch(r"[+-]?\d+", v.strip()):
+        return v
     try:
-        return a == b or float(a) == float(b)
+        f = float(v)
     except ValueError:
-        return False
+        return v
+    return repr(f) if math.isfinite(f) else str(f)
 
 def select(jobs: list[Job], a: dict) -> list[Job]:
     """``where=k=v,...``: the jobs whose overrides give every k its value v."""

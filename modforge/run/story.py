@@ -221,6 +221,12 @@ def build_task(cfg: DictConfig, plain: dict, facts: Any, init: Optional[dict], q
     initialised = None
     if init is not None:
         initialised = {"checkpoint": str(find_checkpoint("init_from", cfg.init_from)), **load_matching(task.model, init)}
+        if not initialised["loaded"]:
+            shaped = f", {len(initialised['reshaped'])} of them by name but in another shape" \
+                if initialised["reshaped"] else ""
+            raise registry.ConfigError(f"init_from={cfg.init_from}: none of the model's {len(initialised['new'])} "
+                                       f"tensors is in the checkpoint{shaped}, so nothing would be loaded; drop "
+                                       "the overrides that change the model's shapes, or train without init_from")
         if not quiet_init:
             say_init(initialised)
     task.sizes = measure.parameter_counts(task.model)  # before any strategy shards the parameters
