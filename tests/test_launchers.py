@@ -216,8 +216,8 @@ def test_slurm_preset_on_submitit_local_requeues_a_preempted_job_which_resumes(t
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     sweep = tmp_path / "sweep"
     env = dict(os.environ, MODFORGE_FAULT="preempt@step=15@job=1")
-    p = train(["-m", "hydra/launcher=slurm_local", "seed=1,1", "trainer.max_steps=20", "trainer.val_check_interval=10",
-               *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, env=env)  # the same run twice, #1 preempted
+    p = train(["-m", "hydra/launcher=slurm_local", "callbacks.progress_every=50,51", "trainer.max_steps=20", "trainer.val_check_interval=10",
+               *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, env=env)  # the same run twice (two progress settings), #1 preempted
     assert "2 jobs: 2 finished" in p.stdout
     m = metrics_of(sweep)
     assert m["0"]["resumed_at_steps"] == [] and m["0"]["steps"] == 20

@@ -9,7 +9,8 @@ from typing import Any
 from modforge import registry
 
 FORMAT = "modforge-export-1"
-MARK = ".modforge-export"  # in an export's directory: the files modforge wrote there, which a new export may replace
+MARK = ".modforge-export"  # in a format=hf export's directory: the files modforge wrote there, which a new export
+# may replace (a format=modforge export is known by its config.json's "format")
 
 
 def claim_out(out: Any, names: tuple) -> Path:
@@ -64,8 +65,7 @@ def export(ckpt: Any, out: Any) -> Path:
         fh.write(save({k: v for k, v in state.items() if k not in shared}, metadata={"format": FORMAT}))
     write_json(out / "config.json", {"format": FORMAT, "modforge_version": __version__, "run_cfg": hp["run_cfg"],
                                      "data_facts": facts_state({"hyper_parameters": hp}), "tied": shared},
-               indent=2)
-    mark_out(out, ["model.safetensors", "config.json"])
+               indent=2)  # its "format" marks the directory as a modforge export's (claim_out)
     return out
 
 def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
