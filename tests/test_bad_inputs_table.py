@@ -11,7 +11,6 @@ import shlex
 import shutil
 
 import pytest
-import yaml
 
 transformers = pytest.importorskip("transformers")
 
@@ -351,20 +350,12 @@ def _files(root):
     (root / "tgt_short.txt").write_text("".join(f"t{i}\n" for i in range(30)))
 
 
-def _fake_job(root, name, overrides, loss):
-    d = root / name
-    (d / ".hydra").mkdir(parents=True)
-    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (d / "metrics.json").write_text(json.dumps({"status": "finished", "val": {"val/loss": loss}, "steps": 2,
-                                                "config": {"task": "causal_lm"}, "params": 1000,
-                                                "params_non_embedding": 800, "tokens_seen": 5000,
-                                                "tokens_per_sec": 100.0, "wall_seconds": 2.0}))
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Everything the table's commands name: files, a trained run of each kind, tiny Hugging Face directories,
     a converted checkpoint, an earlier export, sweeps recorded as runs leave them."""
+    from test_report import fake_job
+
     from modforge.convert import convert
     from modforge.export import export
     from modforge.train import main
@@ -379,11 +370,11 @@ def world(tmp_path_factory):
     export(root / "run", root / "exported")
     (root / "empty").mkdir()
     for n, (norm, seed, loss) in enumerate([("layer", 1, 2.0), ("layer", 2, 2.1), ("rms", 1, 1.9), ("rms", 2, 2.0)]):
-        _fake_job(root / "sweep", f"{n}_norm={norm},seed={seed}", [f"norm={norm}", f"seed={seed}"], loss)
+        fake_job(root / "sweep", f"{n}_norm={norm},seed={seed}", [f"norm={norm}", f"seed={seed}"], loss)
     for n, (lr, seed) in enumerate([("1e-3", 1), ("0.001", 2), ("3e-3", 1), ("0.003", 2)]):
-        _fake_job(root / "spellings", f"{n}", [f"optim.lr={lr}", f"seed={seed}"], 2.0 + n / 10)
+        fake_job(root / "spellings", f"{n}", [f"optim.lr={lr}", f"seed={seed}"], 2.0 + n / 10)
     for n in range(2):
-        _fake_job(root / "twice", f"{n}", ["norm=rms", "seed=1"], 2.0)
+        fake_job(root / "twice", f"{n}", ["norm=rms", "seed=1"], 2.0)
     kept = {p: p.read_bytes() for d in (root / "files", root / "hf" / "gpt2", root / "run") for p in d.rglob("*")
             if p.is_file()}  # another tool's files, and a finished run: byte-identical after every case
     return {"kept": kept, "files": root / "files", "run": root / "run", "edrun": root / "edrun", "hf": root / "hf",

@@ -14,38 +14,29 @@ MARK = ".modforge-export"  # in a format=hf export's directory: the files modfor
 
 
 def claim_out(out: Any, names: tuple) -> Path:
-    """The directory an export writes ``names`` into: new, or one whose files of those names a modforge export
-    wrote (its mark lists them; an older export: a config.json of this format). Another tool's files are
-    never replaced: refused in one line."""
+    """The directory an export will write ``names`` into, checked before any work: new, or one whose files of
+    those names a modforge export wrote (its mark lists them; a format=modforge export: its config.json's
+    "format"). Another tool's files are never replaced: refused in one line."""
+    from modforge.utils.files import read_json
+
     if not str(out).strip():
         raise registry.ConfigError("out=: an empty path; give the directory to write, e.g. out=exported/my-model")
     d = Path(str(out)).expanduser()
     if d.exists() and not d.is_dir():
         raise registry.ConfigError(f"out={out}: a file, not a directory")
-    ours: set = set()
-    if (d / MARK).is_file():
-        try:
-            ours = set(json.loads((d / MARK).read_text()).get("files", []))
-        except (ValueError, OSError, AttributeError):
-            ours = set()
-    elif (d / "config.json").is_file():
-        try:
-            if json.loads((d / "config.json").read_text()).get("format") == FORMAT:
-                ours = {"model.safetensors", "config.json"}
-        except (ValueError, OSError, AttributeError):
-            pass
+    mark, config = read_json(d / MARK), read_json(d / "config.json")
+    if isinstance(mark, dict):
+        ours = set(mark.get("files") or [])
+    elif isinstance(config, dict) and config.get("format") == FORMAT:
+        ours = {"model.safetensors", "config.json"}
+    else:
+        ours = set()
     foreign = [n for n in names if (d / n).exists() and n not in ours]
     if foreign:
         raise registry.ConfigError(f"out={out}: it already holds {', '.join(foreign)}, not written by a modforge "
                                    "export; choose a new directory (an export replaces only its own files)")
-    d.mkdir(parents=True, exist_ok=True)
     return d
 
-
-def mark_out(d: Path, names: list) -> None:
-    from modforge.utils.files import write_json
-
-    write_json(d / MARK, {"format": FORMAT, "files": sorted(names)}, indent=2)
 
 def export(ckpt: Any, out: Any) -> Path:
     """Write ``model.safetensors`` and ``config.json`` for the checkpoint ``ckpt`` into ``out``."""
@@ -55,12 +46,13 @@ def export(ckpt: Any, out: Any) -> Path:
     from modforge.checkpoints.files import facts_state, find_checkpoint, load_checkpoint, read_checkpoint, tied_names
     from modforge.utils.files import atomic_file, write_json
 
+    out = claim_out(out, ("model.safetensors", "config.json"))
     path = find_checkpoint("ckpt", ckpt)
     hp = read_checkpoint(path, "ckpt")["hyper_parameters"]
     task = load_checkpoint(str(path))
     state = {k: v.detach().contiguous() for k, v in task.model.state_dict().items()}
     shared = tied_names(state)
-    out = claim_out(out, ("model.safetensors", "config.json"))
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / "model.safetensors", "wb") as fh:
         fh.write(save({k: v for k, v in state.items() if k not in shared}, metadata={"format": FORMAT}))
     write_json(out / "config.json", {"format": FORMAT, "modforge_version": __version__, "run_cfg": hp["run_cfg"],
@@ -76,6 +68,8 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
     from modforge.utils.files import atomic_file, write_json
     from modforge.checkpoints.families import FAMILIES
 
+    written = ("model.safetensors", "config.json", "tokenizer.json")
+    out = claim_out(out, written)
     task = load_checkpoint(str(find_checkpoint("ckpt", ckpt)))
     run = task.run_cfg
     why = {name: FAMILIES[name].mismatch(run) for name in ("gpt2", "llama")}
@@ -93,7 +87,7 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
     config["torch_dtype"] = str(dtype).replace("torch.", "")
     state = {k: v.detach().contiguous() for k, v in family.to_theirs(model.state_dict(), run["model"]["n_layers"],
                                                                       run).items()}
-    out = claim_out(out, ("model.safetensors", "config.json", "tokenizer.json"))
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / "model.safetensors", "wb") as fh:
         fh.write(save(state, metadata={"format": "pt"}))
     write_json(out / "config.json", config, indent=2)
@@ -104,7 +98,7 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
     else:
         notes.append(f"no tokenizer.json: the model's tokenizer ({tok.name}) is modforge's own, with ids no "
                      "Hugging Face tokenizer has; ids in, ids out")
-    mark_out(out, ["model.safetensors", "config.json", "tokenizer.json"])
+    write_json(out / MARK, {"format": FORMAT, "files": list(written)}, indent=2)
     return out, config["architectures"][0], notes
 
 def load_exported(directory: Any, map_location: str = "cpu") -> Any:
