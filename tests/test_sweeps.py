@@ -127,6 +127,7 @@ def test_a_run_killed_at_a_step_or_while_writing_a_checkpoint_resumes_bit_for_bi
         assert m["resumed_at_steps"] == resumed_at and m["steps"] == whole["steps"] == 40
         assert m["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)
         assert m["tokens_seen"] == whole["tokens_seen"] and m["val_loss_at_start"] == whole["val_loss_at_start"]
+        assert m["data_checksum"] == whole["data_checksum"]  # the same batches, in the same order
         a, b = final_params(tmp_path / "whole"), final_params(tmp_path / name)
         assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
         # the log reads as the uninterrupted run's: the rows a killed session wrote after its checkpoint are gone
@@ -205,7 +206,8 @@ def test_a_sweep_killed_during_a_job_resumes_where_it_stopped(tmp_path, capsys):
     capsys.readouterr()
     report.main([str(sweep), "format=json"])
     rows = json.loads(capsys.readouterr().out)
-    assert rows["jobs"]["finished"] == 3 and sorted(r["norm"] for r in rows["rows"]) == ["batch", "layer", "rms"]
+    ended = rows["jobs"].get("finished", 0) + rows["jobs"].get("collapsed", 0)  # a few steps: maybe no better than
+    assert ended == 3 and sorted(r["norm"] for r in rows["rows"]) == ["batch", "layer", "rms"]  # the unigram model
 
 
 @pytest.mark.slow

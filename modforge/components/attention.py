@@ -54,6 +54,12 @@ class Attention(nn.Module):
     positions for ``pos`` (None: offset + 0..T-1 in every row); passed only when given.
     """
 
+    def flops(self, n_q: int, n_kv: int) -> int:
+        """Forward multiply-add FLOPs (2 per multiply-add) for one sequence: ``n_q`` queries over ``n_kv`` keys.
+        Default: every Linear of the layer on each query (a cross-attention's key/value Linears run on the
+        ``n_kv`` memory positions instead: override), plus scores and values over the full n_q x n_kv matrix."""
+        return n_q * linear_flops(self) + 4 * n_q * n_kv * _query_width(self)
+
     def new_cache(self, capacity: int):
         """A fresh decoding cache for this layer, holding up to ``capacity`` positions.
 
@@ -62,6 +68,15 @@ class Attention(nn.Module):
 
 
 declare("attention", "attention (self and cross) and its decoding cache", base=Attention, default="mha", part=True)
+
+
+def linear_flops(module: nn.Module) -> int:
+    """2 * in * out summed over the Linear layers of ``module``: its forward FLOPs per position."""
+    return sum(2 * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def _query_width(attn: nn.Module) -> int:
+    return getattr(attn, "n_heads", 1) * getattr(attn, "d_head", 0)
 
 
 class KVCache:
@@ -190,6 +205,15 @@ class MultiHeadAttention(Attention):
 
     def kv_heads(self, cfg, n_heads: int) -> int:
         return n_heads
+
+    def flops(self, n_q: int, n_kv: int) -> int:
+        """Projections at their real lengths (a cross-attention's keys and values: the ``n_kv`` memory
+        positions), then q·k and p·v as SDPA computes them: the whole n_q x n_kv matrix per head (causal too;
+        grouped key/value heads are shared, so the work is that of n_heads query heads)."""
+        d = self.out.out_features
+        q_dim, kv_dim = self.n_heads * self.d_head, self.n_kv * self.d_head
+        proj = 2 * n_q * d * q_dim + 2 * n_kv * d * 2 * kv_dim if self.cross else 2 * n_q * d * (q_dim + 2 * kv_dim)
+        return proj + 2 * n_q * q_dim * d + 4 * n_q * n_kv * q_dim
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(capacity)

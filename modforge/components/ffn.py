@@ -32,6 +32,10 @@ class FFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def flops_per_token(self) -> int:
+        """Forward FLOPs per position: 2 * in * out for each of its Linear layers (override for other work)."""
+        return sum(2 * m.in_features * m.out_features for m in self.modules() if isinstance(m, nn.Linear))
+
 
 declare("ffn", "position-wise feed-forward block", base=FFN, default="gelu", part=True)
 

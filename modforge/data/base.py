@@ -62,6 +62,7 @@ class DataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
         self.facts: Optional[DataFacts] = None
+        self.data_seed: Optional[int] = None  # the run's data-order seed (set by the run; None: the global RNG)
 
     @classmethod
     def max_positions(cls, cfg: Any) -> Optional[int]:
@@ -96,7 +97,17 @@ class DataModule(L.LightningDataModule):
         killed run continues with the very batches the uninterrupted run would have drawn
         (:func:`modforge.data.loading.train_loader`; ``shuffle=False`` for a fixed order)."""
         kwargs.setdefault("pin_memory", on_cuda(self.trainer))
-        return train_loader(dataset, consumed=self._batches_trained, **kwargs)
+        trainer = self.trainer
+        return train_loader(dataset, consumed=self._batches_trained, complete=self._epoch_complete,
+                            seed=self.data_seed, first_epoch=int(trainer.current_epoch) if trainer is not None else 0,
+                            **kwargs)
+
+    def _epoch_complete(self) -> bool:
+        """Whether the epoch in progress has trained all its batches (a checkpoint then resumes at the next)."""
+        trainer = self.trainer
+        if trainer is None:
+            return False
+        return trainer.fit_loop.epoch_loop.batch_progress.current.processed >= trainer.num_training_batches
 
     def val_loader(self, dataset: Any, *, batch_size: int, **kwargs: Any) -> DataLoader:
         """The validation loader to return from ``val_dataloader``: in order; under DDP each rank validates its

@@ -5,17 +5,20 @@ in each checkpoint, and hands it back through ``load_state_dict()`` before the
 resumed run draws its first batch (its "stateful dataloader" interface). Two
 pieces make the order of batches part of that state:
 
-* :class:`ResumableRandomSampler` is torch's ``RandomSampler`` (same draws from
-  the global RNG, so the same order as before for the same seed) that remembers
-  the seed of the epoch in progress and can be told to reuse it;
-* :class:`ResumableLoader` is a ``DataLoader`` whose state is that seed and the
-  number of batches the run has trained on in the epoch; on load it skips those
-  batches (as index lists: no data is read for them).
+* :class:`ResumableRandomSampler` is torch's ``RandomSampler`` whose permutation
+  for epoch ``e`` comes from its own generator, seeded from the run's data seed
+  and ``e`` alone (:mod:`modforge.utils.seeds`): never from the global generator,
+  whose state depends on how many random numbers building the model took. Two
+  runs with one ``seed`` see the same batches whatever their components;
+* :class:`ResumableLoader` is a ``DataLoader`` whose state is the number of
+  batches the run has trained on in the epoch (and the epoch); on load it skips
+  those batches (as index lists: no data is read for them).
 
 The number of batches trained on is asked of the Trainer (``consumed``): the
 loader itself cannot know it, because Lightning fetches one batch ahead.
-The global RNG states (dropout, masking) are the callback
-:class:`~modforge.run.callbacks.RunRecord`'s part of the checkpoint.
+The global RNG states (dropout) are the callback
+:class:`~modforge.run.callbacks.RunRecord`'s part of the checkpoint; a task's own
+data generator (masking) is the task's.
 """
 import itertools
 import math
@@ -26,20 +29,40 @@ from torch.utils.data import DataLoader, RandomSampler
 
 
 class ResumableRandomSampler(RandomSampler):
-    """``RandomSampler`` that records the seed it drew for the epoch in progress (``epoch_seed``) and, once
-    given one (``resume_with``), uses it for the next epoch it starts instead of drawing."""
+    """``RandomSampler`` whose order in epoch ``e`` is a function of ``seed`` and ``e`` only.
 
-    epoch_seed: Optional[int] = None
-    _pending: Optional[int] = None
+    ``seed``: the run's data seed (:func:`modforge.utils.seeds.derive` of its ``seed``); the epoch is counted by
+    the sampler itself, from ``first_epoch`` (the Trainer's epoch when the loader is made), and set by
+    :meth:`resume_at` from a checkpoint. With ``seed=None`` each epoch's seed is drawn from the global generator,
+    as ``RandomSampler`` does (a loader made outside a datamodule); ``resume_with`` then hands over the seed a
+    checkpoint recorded for its epoch in progress (also that of a checkpoint from before common random numbers).
+    """
+
+    def __init__(self, *args: Any, seed: Optional[int] = None, first_epoch: int = 0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.seed, self.started = seed, int(first_epoch)  # started: the index of the next epoch to draw
+        self.epoch_seed: Optional[int] = None
+        self._pending: Optional[int] = None
 
     def resume_with(self, seed: Optional[int]) -> None:
         self._pending = seed
 
-    def __iter__(self) -> Iterator[int]:
+    def resume_at(self, epoch: int) -> None:
+        self.started = int(epoch)
+
+    def next_epoch_seed(self) -> int:
         if self._pending is not None:
             seed, self._pending = self._pending, None
-        else:  # exactly RandomSampler's draw, so a fresh run's order is torch's own
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            return seed
+        if self.seed is None:  # exactly RandomSampler's draw
+            return int(torch.empty((), dtype=torch.int64).random_().item())
+        from modforge.utils.seeds import derive
+
+        return derive(self.seed, f"epoch/{self.started}")
+
+    def __iter__(self) -> Iterator[int]:
+        seed = self.next_epoch_seed()
+        self.started += 1
         self.epoch_seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         try:
@@ -71,9 +94,10 @@ class ResumableLoader(DataLoader):
     distributed sampler (which replaces the sampler, not this class).
     """
 
-    def __init__(self, *args: Any, consumed: Optional[Callable[[], Optional[int]]] = None, **kwargs: Any):
+    def __init__(self, *args: Any, consumed: Optional[Callable[[], Optional[int]]] = None,
+                 complete: Optional[Callable[[], bool]] = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._consumed = consumed
+        self._consumed, self._complete = consumed, complete
         self._handed_out = 0
         self._skip = 0
 
@@ -96,6 +120,10 @@ class ResumableLoader(DataLoader):
     def state_dict(self) -> dict:
         done = self._consumed() if self._consumed is not None else None
         done = int(self._handed_out if done is None else done)
+        sampler = self.sampler if isinstance(self.sampler, ResumableRandomSampler) else None
+        if sampler is not None and sampler.seed is not None:  # the order follows from the data seed and the epoch:
+            finished = self._complete() if self._complete is not None else False  # the next one, or this one again
+            return {"batches": done, "epoch": sampler.started if finished or not sampler.started else sampler.started - 1}
         # no batch of the epoch trained (or all of them): the next epoch draws its own seed, after the RNG restore
         seed = getattr(self.sampler, "epoch_seed", None) if done else None
         return {"batches": done, "epoch_seed": seed}
@@ -103,16 +131,24 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: dict) -> None:
         self._skip = int(state.get("batches", 0))
         if isinstance(self.sampler, ResumableRandomSampler):
-            self.sampler.resume_with(state.get("epoch_seed"))
+            if state.get("epoch_seed") is not None or self.sampler.seed is None:  # that seed's epoch, continued
+                self.sampler.resume_with(state.get("epoch_seed"))
+            if "epoch" in state:
+                self.sampler.resume_at(state["epoch"])
 
 
 def train_loader(dataset: Any, *, batch_size: int, shuffle: bool = True, replacement: bool = False,
                  num_samples: Optional[int] = None, consumed: Optional[Callable[[], Optional[int]]] = None,
+                 seed: Optional[int] = None, first_epoch: int = 0, complete: Optional[Callable[[], bool]] = None,
                  **kwargs: Any) -> ResumableLoader:
     """The training loader every built-in datamodule uses: shuffled by :class:`ResumableRandomSampler`
-    (``replacement``/``num_samples`` as ``RandomSampler``'s), resumable mid-epoch."""
-    sampler = ResumableRandomSampler(dataset, replacement=replacement, num_samples=num_samples) if shuffle else None
-    return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, consumed=consumed, **kwargs)
+    (``replacement``/``num_samples`` as ``RandomSampler``'s; each epoch's order from ``seed`` and the epoch,
+    counted from ``first_epoch``), resumable mid-epoch (``consumed``: batches of the epoch trained;
+    ``complete``: whether the epoch in progress has trained all of them)."""
+    sampler = ResumableRandomSampler(dataset, replacement=replacement, num_samples=num_samples, seed=seed,
+                                     first_epoch=first_epoch) if shuffle else None
+    return ResumableLoader(dataset, batch_size=batch_size, sampler=sampler, consumed=consumed, complete=complete,
+                           **kwargs)
 
 
 def evaluated_items(n_items: int, batch_size: int, limit: Any) -> int:

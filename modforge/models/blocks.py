@@ -81,6 +81,14 @@ class Block(nn.Module):
                                                          cache=cache.get("cross")), mask)
         return self.r_ffn(x, self.ffn, mask)
 
+    def flops(self, n: int, n_memory: int = 0) -> int:
+        """Forward FLOPs for one sequence of ``n`` positions (over ``n_memory`` encoder positions when it has
+        cross-attention): the matrix products; norms, activations and residual additions are left out."""
+        total = self.self_attn.flops(n, n) + n * self.ffn.flops_per_token()
+        if self.cross_attn is not None:
+            total += self.cross_attn.flops(n, n_memory)
+        return total
+
 
 class Stack(nn.Module):
     """N blocks, then a final norm if the residual style asks for one."""
@@ -94,6 +102,9 @@ class Stack(nn.Module):
         )
         self.cross = cross
         self.final_norm = build("norm", parts.norm, d_model) if self.blocks[-1].r_ffn.final_norm else None
+
+    def flops(self, n: int, n_memory: int = 0) -> int:
+        return sum(b.flops(n, n_memory) for b in self.blocks)
 
     def new_cache(self, capacity: int) -> list[dict]:
         """One dict per layer: the caches its attentions made (``self``, and ``cross`` in a decoder with cross-attention)."""

@@ -78,6 +78,7 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         if cfg.get("eval_block_sizes") and metrics["status"] == "finished":
             eval_at_lengths(cfg, trainer, task, facts.tokenizer, metrics)
     clock.mark("final_eval")
+    metrics["metric_info"] = type(task).metric_info(metrics.get("val") or {})
     n_params, n_embedding = task.sizes
     metrics.update({
         "val_loss_at_start": record.val_loss_at_start,
@@ -87,6 +88,16 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
         "steps": trainer.global_step,
         "tokens_seen": tokens,
+        # passes over the training data, and the dropout they were trained with (the report warns when a
+        # comparison rests on repeated epochs without it)
+        "epochs": round(trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches, 3)
+        if trainer.num_training_batches and math.isfinite(trainer.num_training_batches) else None,
+        "dropout": plain.get("model", {}).get("dropout"),
+        # the matrix products of training at the shapes it ran (modforge.models.flops), every rank's
+        **flop_figures(task, trainer.world_size),
+        # every training batch (and mask) in order, as rank 0 saw them: equal in two runs that trained on the same
+        "data_checksum": "".join(f"{int(v):08x}" for v in task.batch_checksum.tolist())
+        if task.counted_from_start else None,
         "fit_seconds": round(getattr(record, "fit_ended", record.fit_seconds), 2),
         "train_seconds": round(record.train_seconds, 2),
         "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
@@ -107,6 +118,17 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
     if record.first_step_clock is not None:  # start-up: the command's start to its first training batch
         metrics["seconds_to_first_step"] = round(record.first_step_clock - clock.command_start, 3)
     return metrics
+
+
+def flop_figures(task: Any, world_size: int) -> dict:
+    """The run's training FLOPs (:mod:`modforge.models.flops`), every rank's; None when the run was resumed
+    from a checkpoint that predates the count (it would hold only the steps since)."""
+    count = task.flop_count
+    if count is None or not task.counted_from_start:
+        return {"train_flops": None, "train_flops_per_token": None, "forward_flops_by_part": None}
+    return {"train_flops": count.train * world_size,
+            "train_flops_per_token": round(count.train / task.tokens_seen, 1) if task.tokens_seen else None,
+            "forward_flops_by_part": {k: v * world_size for k, v in count.state().items()}}
 
 
 def eval_at_lengths(cfg: DictConfig, trainer: Any, task: Any, tokenizer: Any, metrics: dict) -> None:

@@ -203,7 +203,10 @@ def prepare_directory(cfg: DictConfig, out_dir: Path, start: Start, follower: bo
 
 def prepare_data(cfg: DictConfig, tokenizer: Any) -> tuple:
     """-> (the datamodule, the facts its preparation found: tokenizer, vocabulary, longest sequence ...)."""
+    from modforge.utils.seeds import derive
+
     dm = registry.build("data", cfg.data)
+    dm.data_seed = derive(cfg.seed, "data")  # the order of batches: the seed's alone, whatever the model
     facts = dm.prepare(tokenizer)
     check_positions(facts.positions, cfg.model.max_len, f"data={cfg.data.name}")
     val_tokens = getattr(dm, "val_tokens", None)
@@ -215,9 +218,17 @@ def prepare_data(cfg: DictConfig, tokenizer: Any) -> tuple:
 
 
 def build_task(cfg: DictConfig, plain: dict, facts: Any, init: Optional[dict], quiet_init: bool) -> tuple:
-    """-> (the task, the LightningModule with its model; what ``init_from=`` loaded into it, or None)."""
+    """-> (the task, the LightningModule with its model; what ``init_from=`` loaded into it, or None).
+    The model is initialised from the seed's ``init`` stream; dropout then draws from its own ``dropout`` stream,
+    so that how many numbers the initialisation took (it depends on the shapes) changes nothing after it."""
+    import torch
+
+    from modforge.utils.seeds import derive
+
     entry, task_cfg = registry.make_config("task", cfg.task)
+    torch.manual_seed(derive(cfg.seed, "init"))
     task = entry.cls(task_cfg, plain, facts)
+    torch.manual_seed(derive(cfg.seed, "dropout"))  # a resumed run's states are set again at its first step
     initialised = None
     if init is not None:
         initialised = {"checkpoint": str(find_checkpoint("init_from", cfg.init_from)), **load_matching(task.model, init)}

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 
 from modforge.models.blocks import Parts
+from modforge.models.flops import FlopCount
 from modforge.registry import ConfigError, build, declare
+from modforge.utils.seeds import derive
 
 IGNORE = -100  # a target with no loss: not <pad>, which may be a real token too (GPT-2 pads with <eos>)
 
@@ -49,6 +51,9 @@ class Task(L.LightningModule):
     model_needs: dict = {}
     model_role: str = "any model"
     data_needs: str = ""
+    # what each validation metric is, by its name after "val/": (lowest, highest (None: unbounded), which is
+    # better); recorded in metrics.json, where the report reads each metric's range and direction
+    metric_ranges: dict = {"loss": (0.0, None, "min")}
 
     def __init__(self, cfg: Any, run_cfg: dict, facts: "DataFacts"):
         super().__init__()
@@ -59,6 +64,11 @@ class Task(L.LightningModule):
         self.tokenizer = facts.tokenizer
         self.model = build("model", run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size)
         self.tokens_seen = 0
+        # data-side randomness inside the task (masking ...): its own stream, the same for every model
+        self.data_generator = torch.Generator().manual_seed(derive(int(run_cfg.get("seed", 0)), "task-data"))
+        self.batch_checksum = torch.zeros(2, dtype=torch.int64)  # of every training batch, in order
+        self.flop_count: Optional[FlopCount] = None  # training FLOPs, from the shapes each step trains at (setup)
+        self.counted_from_start = True  # False: resumed from a checkpoint that predates a count (FLOPs, checksum)
         self.val_means = torch.nn.ModuleDict()  # log_mean's metrics (their sums are not saved in checkpoints)
         # the longest context the model was trained on: the data's sequence length, capped by model.max_len
         self.context_len = min(facts.positions, self.model.cfg.max_len)
@@ -91,19 +101,89 @@ class Task(L.LightningModule):
                       torch.as_tensor(weight, dtype=torch.float32, device=self.device))
         self.log(name, metric, prog_bar=prog_bar, on_step=False, on_epoch=True, metric_attribute=f"val_means.{key}")
 
+    def setup(self, stage: str) -> None:
+        """Hooks the FLOP count onto every module the task has by now (a subclass's own head included)."""
+        if self.flop_count is None:
+            self.flop_count = FlopCount(self)
+
     def count_tokens(self, n: int) -> None:
         self.tokens_seen += int(n)
 
+    def random(self, shape: Any, device: Any) -> torch.Tensor:
+        """Uniform [0, 1) numbers from the task's data stream (drawn on the CPU: the same on every device)."""
+        return torch.rand(shape, generator=self.data_generator).to(device)
+
+    def random_ints(self, low: int, high: int, shape: Any, device: Any) -> torch.Tensor:
+        return torch.randint(low, high, shape, generator=self.data_generator).to(device)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.see(batch)
+
+    def see(self, *tensors: Any) -> None:
+        """Fold what the model trains on into :attr:`batch_checksum` (on the batch's device, no synchronisation):
+        two runs whose checksums agree trained on the same batches in the same order (``metrics.json``'s
+        ``data_checksum``, which the report compares between paired runs)."""
+        self.batch_checksum = batch_checksum(self.batch_checksum, tensors)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["task_data_rng"] = self.data_generator.get_state()
+        checkpoint["batch_checksum"] = [int(v) for v in self.batch_checksum.tolist()]
+        checkpoint["forward_flops"] = self.flop_count.state() if self.counted_from_start else None
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
+        if "task_data_rng" in checkpoint:
+            self.data_generator.set_state(checkpoint["task_data_rng"])
+        self.setup("fit")
+        if checkpoint.get("forward_flops") is None or "batch_checksum" not in checkpoint:
+            self.counted_from_start = False  # a checkpoint from before these counts: no whole-run figure
+        self.flop_count.load(checkpoint.get("forward_flops"))
+        if "batch_checksum" in checkpoint:
+            self.batch_checksum = torch.tensor(checkpoint["batch_checksum"], dtype=torch.int64)
+
+    @classmethod
+    def metric_info(cls, names: Any) -> dict:
+        """{metric: {"low", "high", "better"}} for the logged metrics ``names`` that :attr:`metric_ranges` knows
+        (``val@128/loss`` is a ``loss``)."""
+        out = {}
+        for name in names:
+            known = cls.metric_ranges.get(name.rsplit("/", 1)[-1])
+            if known is not None:
+                out[name] = {"low": known[0], "high": known[1], "better": known[2]}
+        return out
 
     # ----------------------------------------------------------------- reporting
     def summary_sample(self) -> Optional[str]:
         """A short human-readable sample for the end-of-run summary (None: nothing to show)."""
         return None
+
+
+_P = 2 ** 31 - 1  # a Mersenne prime: every product below stays under 2**62, every sum under 2**63
+
+
+def batch_checksum(acc: torch.Tensor, batch: Any) -> torch.Tensor:
+    """Two polynomial checksums (mod 2**31 - 1) of ``acc`` followed by every tensor in ``batch`` (tensors, lists,
+    tuples and dicts of them, dicts by key; floating tensors by their float32 bits), position by position."""
+    for t in _tensors(batch):
+        v = (t.detach().to(torch.float32).view(torch.int32) if t.is_floating_point() else t.detach())
+        v = v.reshape(-1).to(torch.int64) % _P
+        i = torch.arange(1, v.numel() + 1, device=v.device, dtype=torch.int64)
+        acc = acc.to(v.device)
+        lanes = torch.stack([((v * (i * 48271 % _P)) % _P).sum(), ((v * (i * 16807 % _P + 1)) % _P).sum()])
+        acc = (acc * torch.tensor([69621, 39373], device=v.device) + lanes % _P + v.numel()) % _P
+    return acc
+
+
+def _tensors(batch: Any):
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for k in sorted(batch):
+            yield from _tensors(batch[k])
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            yield from _tensors(b)
 
 
 class _Mean(Metric):

@@ -53,6 +53,7 @@ class ClassifyConfig(TaskConfig):
 @register("task", "classify", config=ClassifyConfig, defaults={"data": "classify"})
 class Classify(Task):
     """Text classification with an encoder and a CLS or mean-pooled linear head; reports accuracy."""
+    metric_ranges = {**Task.metric_ranges, "acc": (0.0, 1.0, "max")}
 
     model_needs = {"has_encoder": True}
     model_role = "a model with an encoder"

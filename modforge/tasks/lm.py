@@ -27,6 +27,7 @@ class CausalLMConfig(TaskConfig):
 @register("task", "causal_lm", config=CausalLMConfig, defaults={"data": "stdlib"})
 class CausalLM(Task):
     """Next-token prediction with teacher forcing; reports val loss and bits per character."""
+    metric_ranges = {**Task.metric_ranges, "bpc": (0.0, None, "min"), "ppl": (1.0, None, "min")}
 
     model_needs = {"can_generate": True, "needs_source": False}
     model_role = "a causal decoder (next-token prediction must not see its targets)"
@@ -85,18 +86,23 @@ class MaskedLM(Task):
 
     model_needs = {"has_encoder": True, "needs_source": False}
     model_role = "a bidirectional encoder"
+    metric_ranges = {**Task.metric_ranges, "masked_acc": (0.0, 1.0, "max")}
     data_needs = TOKENS
 
     def corrupt(self, x: torch.Tensor, generator=None):
         """-> (inputs, targets): targets are <pad> (ignored) except at the selected positions."""
         c, tok = self.cfg, self.tokenizer
-        u = torch.rand(x.shape, generator=generator, device=x.device)
-        selected = torch.rand(x.shape, generator=generator, device=x.device) < c.mask_prob
+        if generator is None:  # training: the task's own stream (the same masks whatever the model)
+            u, selected = self.random(x.shape, x.device), self.random(x.shape, x.device) < c.mask_prob
+            random_ids = self.random_ints(tok.n_special, tok.vocab_size, x.shape, x.device)
+        else:
+            u = torch.rand(x.shape, generator=generator, device=x.device)
+            selected = torch.rand(x.shape, generator=generator, device=x.device) < c.mask_prob
+            random_ids = torch.randint(tok.n_special, tok.vocab_size, x.shape, generator=generator, device=x.device)
         targets = x.masked_fill(~selected, IGNORE)
         inputs = x.clone()
         inputs[selected & (u < c.replace_mask)] = tok.mask_id
         rnd = selected & (u >= c.replace_mask) & (u < c.replace_mask + c.replace_random)
-        random_ids = torch.randint(tok.n_special, tok.vocab_size, x.shape, generator=generator, device=x.device)
         inputs[rnd] = random_ids[rnd]
         return inputs, targets
 
@@ -109,7 +115,9 @@ class MaskedLM(Task):
 
     def training_step(self, batch, batch_idx):
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        logits, targets, acc, n = self._step(x)
+        inputs, targets = self.corrupt(x)
+        self.see(inputs, targets)  # the masks too: the same in two runs with one seed
+        logits = self.model(inputs)
         loss = self.xent(logits, targets)
         self.count_tokens(x.numel())
         self.log("train/loss", loss, prog_bar=True)

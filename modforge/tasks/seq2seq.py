@@ -51,6 +51,8 @@ class PairsTask(Task):
     """Base of the tasks on source -> target pairs: subclasses say how the model is run with teacher forcing
     (:meth:`teacher_forced`) and how it predicts a whole target (:meth:`predict`); training, the validation
     metrics and the end-of-run sample are shared."""
+    metric_ranges = {**Task.metric_ranges, "token_acc": (0.0, 1.0, "max"), "exact_match": (0.0, 1.0, "max"),
+                     "exact_match_beam": (0.0, 1.0, "max")}
 
     data_needs = PAIRS
 
