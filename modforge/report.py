@@ -6,7 +6,16 @@
   sort=best|name         row order: best first (default) or by the overrides
   baseline=best          the configuration every other is compared with: best (default), first (first by name),
                          or its overrides, e.g. baseline=norm=layer,residual=pre
-  level=0.95             confidence level of every interval
+  level=0.95             confidence level of every interval, and of the family of comparisons as a whole
+  margin=M               the equivalence margin: a row whose simultaneous Δ interval lies inside ±M is
+                         "equivalent within ±M" (in the metric's units; none by default: no equivalence claimed)
+  at=flops:F|step:N      compare every run at the logged validation closest to F training FLOPs (each run's own
+                         FLOPs per step) or to step N, instead of at the end: arms at equal compute
+  collapse_tol=0.02      a finished run whose val/loss is not below its unigram model's by this much (nats)
+                         counts as collapsed, an outcome like diverged, not a result to average
+  study=declared|ignore  a sweep whose experiment declared a study: block is reported as it declared
+                         (question, metric, direction, baseline, the family of comparisons, margin, level;
+                         options given here override it, and the report says so); ignore: as a plain sweep
   where=k=v[,k2=v2]      only the jobs with these overrides (a slice of the sweep, e.g. where=model.n_layers=8)
   tasks=apart|together   jobs of different tasks in separate tables (default), or in one, for a metric that means
                          the same in each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)
@@ -21,32 +30,35 @@ Examples:
 
 Every job directory under the sweep directory (one with ``.hydra/overrides.yaml``)
 counts, with the status its records give (:func:`modforge.run.dirs.read_state`):
-``finished`` (a ``metrics.json``), ``diverged`` (stopped on a non-finite loss, or a
-non-finite validation metric), ``failed`` (a ``status.json`` that says so, with its
-error), ``interrupted`` (killed or stopped: it has a config and no final record;
-re-running the sweep resumes it), ``unfinished`` (nothing of its own yet: just
-started) and ``unreadable`` (a record that does not parse). Jobs are grouped by their overrides without the ``over`` keys; each
-group is one configuration and one row: its finished runs, the mean of the
-metric with a Student-t interval over seeds, sd, min and max, and the
-difference of its mean from the baseline's with an interval, paired over seeds
-when both configurations ran the same seeds, Welch's otherwise. With three or
-more configurations the comparisons with the baseline are a family: their
-p-values are adjusted with Holm's step-down method, and a row is called
-distinguishable only when its adjusted p is below 1 - level. A second table
-gives the cost of each configuration: parameters (all, and without embeddings),
-tokens/s, wall time, tokens seen and the training compute estimate 6·N·D.
-Jobs of different tasks are reported in separate tables unless ``tasks=together``.
+``finished`` (a ``metrics.json``), ``collapsed`` (finished, but its val/loss is no
+better than its data's unigram model by ``collapse_tol``), ``diverged`` (stopped on a
+non-finite loss, or a non-finite validation metric), ``failed`` (a ``status.json``
+that says so, with its error), ``interrupted`` (killed or stopped: re-running the
+sweep resumes it), ``unfinished`` (nothing of its own yet) and ``unreadable``.
+Jobs are grouped by their overrides without the ``over`` keys; each group is one
+configuration (an arm) and one row: the mean of the metric over its finished runs
+with an interval inside the metric's range, sd, min and max; its difference from
+the baseline over the seeds both finished, with a simultaneous interval and one of
+four verdicts (better, worse, equivalent within the margin, inconclusive with the
+minimum detectable effect; no verdict under 3 pairs or without spread); its
+collapsed and diverged runs as a rate with Fisher's test against the baseline.
+A second table says what pairing bought (correlation over seeds, variance removed,
+and whether paired runs trained on the same batches), a third the cost: parameters,
+tokens/s, wall time, tokens seen and training FLOPs. The statistics are
+:mod:`modforge.results.stats`. Jobs of different tasks are reported in separate
+tables unless ``tasks=together``.
 """
-from math import nan
+from math import isfinite, nan
 from pathlib import Path
 from typing import Optional
 
 from modforge.cli.command import command
 from modforge.registry import suggest
-from modforge.results.tables import (LOWER_IS_BETTER, STATUSES, ReportError, build_tables, load_jobs, select,
-                                     to_csv, to_json, to_markdown)
+from modforge.results.tables import (STATUSES, ReportError, build_tables, load_jobs, select, study_of, to_csv,
+                                     to_json, to_markdown)
 
-OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where")
+OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where", "margin",
+           "collapse_tol", "study", "at")
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -54,39 +66,85 @@ def parse_args(argv: list[str]) -> dict:
         raise ReportError("name the sweep directory first: python -m modforge.report <sweep dir> [key=value ...] "
                           "(python -m modforge.report --help)")
     args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
-            "level": "0.95", "format": "md", "out": None, "tasks": "apart", "where": ""}
+            "level": "0.95", "format": "md", "out": None, "tasks": "apart", "where": "", "margin": None,
+            "collapse_tol": "0.02", "study": "declared", "at": None}
+    given = set()
     for a in argv[1:]:
         key, eq, value = a.partition("=")
         if not eq or key not in OPTIONS:
             raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
         args[key] = value
+        given.add(key)
+    args["given"] = given
+    if args["study"] not in ("declared", "ignore"):
+        raise ReportError(f"study={args['study']}: use study=declared or study=ignore")
     if args["out"] is not None and not args["out"].strip():
         raise ReportError("out=: an empty path; give the directory to write the report into, or leave out= out")
-    args["over_given"] = any(a.startswith("over=") for a in argv[1:])
+    args["over_given"] = "over" in given
     for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json")), ("tasks", ("apart", "together"))):
         if args[key] not in allowed:
             raise ReportError(f"{key}={args[key]}: use {' or '.join(f'{key}={v}' for v in allowed)}")
-    if args["best"] is None:
-        args["best"] = "min" if any(w in args["metric"].lower() for w in LOWER_IS_BETTER) else "max"
-    if args["best"] not in ("min", "max"):
-        raise ReportError(f"best={args['best']}: use best=min (lower is better) or best=max")
-    try:
-        level = float(args["level"])
-    except ValueError:
-        level = nan
+    return check_numbers(args)
+
+
+def check_numbers(args: dict, where: str = "") -> dict:
+    """best, level, margin and collapse_tol as values (from the command line, or a study block: ``where``)."""
+    if args["best"] not in (None, "min", "max"):
+        raise ReportError(f"{where or 'best='}{args['best']}: use best=min (lower is better) or best=max")
+    level = number(args["level"])
     if not 0.5 <= level < 1:
-        raise ReportError(f"level={args['level']}: a confidence level in [0.5, 1), e.g. level=0.95")
+        raise ReportError(f"{where or 'level='}{args['level']}: a confidence level in [0.5, 1), e.g. level=0.95")
     args["level"] = level
+    if args["margin"] is not None:
+        margin = number(args["margin"])
+        if not (margin > 0 and isfinite(margin)):
+            raise ReportError(f"{where or 'margin='}{args['margin']}: a positive number in the metric's units, "
+                              "e.g. margin=0.01")
+        args["margin"] = margin
+    tol = number(args["collapse_tol"])
+    if not (tol >= 0 and isfinite(tol)):
+        raise ReportError(f"{where or 'collapse_tol='}{args['collapse_tol']}: a number of nats >= 0, e.g. 0.02")
+    args["collapse_tol"] = tol
     return args
+
+
+def number(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return nan
+
+
+def with_study(a: dict, study: dict) -> dict:
+    """The declared study's settings, except where the command line gave its own."""
+    from modforge.config.study import check_study
+
+    study = check_study(study)
+    a["study_overridden"] = []
+    for key, option in (("metric", "metric"), ("better", "best"), ("baseline", "baseline"), ("margin", "margin"),
+                        ("level", "level"), ("collapse_tol", "collapse_tol")):
+        if key in study and option not in a["given"]:
+            a[option] = str(study[key]) if key in ("metric", "baseline") else study[key]
+        elif key in study:
+            a["study_overridden"].append(f"{key} ({study[key]} -> {a[option]})")
+    a["study"] = study
+    return check_numbers(a, "study: ")
 
 def report_command(argv: list) -> None:
     a = parse_args(argv)
     root = Path(a["dir"])
     if not root.is_dir():
         raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")
-    jobs = load_jobs(root)
+    jobs = load_jobs(root, a["collapse_tol"])
     if not jobs:
         raise ReportError(f"{root}: no jobs (no .hydra/overrides.yaml below it)")
+    study = study_of(jobs) if a["study"] == "declared" else None
+    a["study"] = None
+    if study:
+        tol = a["collapse_tol"]
+        a = with_study(a, dict(study))
+        if a["collapse_tol"] != tol:
+            jobs = load_jobs(root, a["collapse_tol"])
     if a["where"]:
         jobs = select(jobs, a)
     tables, shared = build_tables(jobs, a)

@@ -54,12 +54,14 @@ def records(capsys, *argv) -> list[dict]:
 
 def test_rows_pool_seeds_and_put_the_lowest_loss_first(sweep, capsys):
     rows = records(capsys, sweep)
-    assert [r["pos"] for r in rows] == ["rope", "learned", "sinusoidal", "alibi", "none"]  # no result: last
-    rope = rows[0]
+    # by the mean of the finished runs; a diverged run is an outcome counted beside it, not a rank; no result: last
+    assert [r["pos"] for r in rows] == ["sinusoidal", "rope", "learned", "alibi", "none"]
+    rope = rows[1]
     assert (rope["runs"], rope["mean"], rope["min"], rope["max"]) == (2, pytest.approx(1.6), 1.5, 1.7)
     assert rope["sd"] == pytest.approx(math.sqrt(0.02))  # n - 1
-    sinus = rows[2]
-    assert (sinus["runs"], sinus["diverged"], sinus["mean"]) == (1, 1, 1.0)  # a diverged run sends its row down
+    sinus = rows[0]
+    assert (sinus["runs"], sinus["diverged"], sinus["mean"]) == (1, 1, 1.0)
+    assert (sinus["bad_runs"], sinus["ended_runs"]) == (1, 2)
     assert rows[3]["unfinished"] == 1 and rows[4]["failed"] == 1
     report.main([str(sweep)])
     out = capsys.readouterr().out
@@ -68,42 +70,78 @@ def test_rows_pool_seeds_and_put_the_lowest_loss_first(sweep, capsys):
     assert "failed: 7_pos=none,seed=1 (ConfigError: model.max_len=8 is shorter than ...)" in out
 
 
-def test_intervals_and_differences_agree_with_scipy(tmp_path, capsys):
-    a = {"1": 2.00, "2": 2.10, "3": 1.95, "4": 2.05}  # baseline
-    b = {"1": 1.90, "2": 2.02, "3": 1.80, "4": 1.99}  # the same seeds: paired
-    c = {"5": 2.30, "6": 2.10, "7": 2.45}  # other seeds: Welch
-    for cfg, vals in (("a", a), ("b", b), ("c", c)):
+def sweep_of(root, arms: dict) -> None:
+    for cfg, vals in arms.items():
         for seed, v in vals.items():
-            fake_job(tmp_path, f"{cfg}{seed}", [f"cfg={cfg}", f"seed={seed}"], v)
+            fake_job(root, f"{cfg}{seed}", [f"cfg={cfg}", f"seed={seed}"], v)
+
+
+def test_intervals_and_simultaneous_paired_differences_agree_with_scipy(tmp_path, capsys):
+    a = {"1": 2.00, "2": 2.10, "3": 1.95, "4": 2.05}  # baseline
+    b = {"1": 1.90, "2": 2.02, "3": 1.80, "4": 1.99}
+    c = {"1": 2.30, "2": 2.10, "3": 2.45, "5": 2.2}  # seed 4 missing, seed 5 the baseline lacks: 3 pairs
+    sweep_of(tmp_path, {"a": a, "b": b, "c": c})
     rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
     for cfg, vals in (("a", a), ("b", b), ("c", c)):
         x = list(vals.values())
         lo, hi = ss.t.interval(0.95, len(x) - 1, loc=ss.tmean(x), scale=ss.sem(x))
         assert (rows[cfg]["ci_low"], rows[cfg]["ci_high"]) == (pytest.approx(lo, abs=1e-10), pytest.approx(hi, abs=1e-10))
-    paired = ss.ttest_rel(list(b.values()), list(a.values()))
-    pci = paired.confidence_interval(0.95)
-    assert rows["b"]["test"] == "paired" and rows["b"]["p"] == pytest.approx(paired.pvalue, rel=1e-9)
-    assert (rows["b"]["diff_ci_low"], rows["b"]["diff_ci_high"]) == (pytest.approx(pci.low), pytest.approx(pci.high))
-    welch = ss.ttest_ind(list(c.values()), list(a.values()), equal_var=False)
-    wci = welch.confidence_interval(0.95)
-    assert rows["c"]["test"] == "welch" and rows["c"]["p"] == pytest.approx(welch.pvalue, rel=1e-9)
-    assert (rows["c"]["diff_ci_low"], rows["c"]["diff_ci_high"]) == (pytest.approx(wci.low), pytest.approx(wci.high))
-    # Holm over the two comparisons with the baseline: the smaller p times 2, the larger times 1, kept monotone
-    assert paired.pvalue < welch.pvalue
-    first = min(1.0, 2 * paired.pvalue)
-    assert rows["b"]["p_holm"] == pytest.approx(first)
-    assert rows["c"]["p_holm"] == pytest.approx(max(first, welch.pvalue))
+    # two comparisons, one family at 95%: each interval at 97.5%, p adjusted by 2 (Bonferroni)
+    for cfg, vals, seeds in (("b", b, "1234"), ("c", c, "123")):
+        ref = ss.ttest_rel([vals[k] for k in seeds], [a[k] for k in seeds])
+        ci = ref.confidence_interval(0.975)
+        r = rows[cfg]
+        assert (r["test"], r["pairs"], r["family"], r["diff_ci_level"]) == ("paired", len(seeds), 2, 0.975)
+        assert r["p"] == pytest.approx(ref.pvalue, rel=1e-9) and r["p_adjusted"] == pytest.approx(2 * ref.pvalue)
+        assert (r["diff_ci_low"], r["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+        d = [vals[k] - a[k] for k in seeds]
+        assert r["correlation"] == pytest.approx(ss.pearsonr([vals[k] for k in seeds], [a[k] for k in seeds])[0])
+        assert r["variance_removed"] == pytest.approx(
+            1 - ss.tvar(d) / (ss.tvar([vals[k] for k in seeds]) + ss.tvar([a[k] for k in seeds])))
     assert rows["a"]["baseline"] and rows["a"]["verdict"] == "baseline"
-    assert rows["b"]["verdict"].startswith("better (paired, Holm p=")  # its interval excludes 0, adjusted p < 0.05
-    assert rows["c"]["verdict"].startswith("not distinguishable at n=3 (welch")
+    assert rows["b"]["verdict_word"] == "better" and rows["b"]["verdict"].startswith("better (paired, n=4, 2 in the family")
+    assert rows["c"]["verdict_word"] == "inconclusive" and "MDE" in rows["c"]["verdict"]
 
 
-def test_paired_only_when_both_ran_the_same_seeds(tmp_path, capsys):
-    for cfg, seeds in (("a", "123"), ("b", "12")):
-        for s in seeds:
-            fake_job(tmp_path, f"{cfg}{s}", [f"cfg={cfg}", f"seed={s}"], 1.0 + 0.1 * int(s) + (cfg == "b") * 0.05)
-    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=first")}
-    assert rows["a"]["baseline"] and rows["b"]["test"] == "welch"
+def test_arms_that_share_no_seed_are_compared_by_welch_as_a_whole_family(tmp_path, capsys):
+    a, c = {"1": 2.00, "2": 2.10, "3": 1.95}, {"5": 2.30, "6": 2.10, "7": 2.45}
+    sweep_of(tmp_path, {"a": a, "c": c})
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
+    welch = ss.ttest_ind(list(c.values()), list(a.values()), equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert rows["c"]["test"] == "welch" and rows["c"]["p"] == pytest.approx(welch.pvalue, rel=1e-9)
+    assert (rows["c"]["diff_ci_low"], rows["c"]["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+def test_fewer_than_three_pairs_or_no_spread_give_no_verdict(tmp_path, capsys):
+    sweep_of(tmp_path, {"a": {"1": 2.1, "2": 2.2, "3": 2.0}, "b": {"1": 2.0, "2": 2.1, "3": 1.9},
+                        "c": {"1": 1.0, "2": 1.1}})
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
+    assert rows["b"]["verdict"].startswith("no verdict: all 3 differences equal") and rows["b"]["p"] != 0
+    assert rows["c"]["verdict"] == "no verdict: 2 shared seeds: at least 3 pairs decide"
+    assert rows["b"]["family"] == 2  # the family is fixed before the data: both comparisons count
+
+
+def test_a_range_guessed_from_the_name_is_dropped_when_the_values_deny_it(tmp_path, capsys):
+    arms = {"a": [50.0, 70.0, 90.0], "b": [52.0, 60.0, 95.0]}  # "acc" would say [0, 1]: these are percentages
+    for cfg, xs in arms.items():
+        for s, v in enumerate(xs, 1):
+            d = fake_job(tmp_path, f"{cfg}{s}", [f"cfg={cfg}", f"seed={s}"], 1.0)
+            m = json.loads((d / "metrics.json").read_text())
+            m["val"]["val/acc_pct"] = v
+            (d / "metrics.json").write_text(json.dumps(m))
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "metric=val/acc_pct", "baseline=cfg=a", "margin=2")}
+    assert rows["b"]["diff_ci_high"] > 10 and rows["b"]["verdict_word"] == "inconclusive"  # not cut to ±1
+
+
+def test_a_declared_margin_turns_a_tight_interval_into_equivalence(tmp_path, capsys):
+    sweep_of(tmp_path, {"a": {"1": 2.00, "2": 2.10, "3": 1.95, "4": 2.05},
+                        "b": {"1": 2.001, "2": 2.098, "3": 1.953, "4": 2.049}})
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
+    assert rows["b"]["verdict_word"] == "inconclusive"
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a", "margin=0.01")}
+    assert rows["b"]["verdict_word"] == "equivalent" and rows["b"]["verdict"].startswith("equivalent within ±0.01")
+    assert -0.01 < rows["b"]["diff_ci_low"] < rows["b"]["diff_ci_high"] < 0.01
 
 
 def test_the_shared_line_counts_unfinished_jobs(tmp_path, capsys):
@@ -130,7 +168,8 @@ def test_tasks_are_reported_apart_and_an_unknown_metric_lists_the_real_ones(tmp_
 
 def test_accuracy_puts_the_highest_first_and_name_sort_is_natural(sweep, capsys):
     rows = records(capsys, sweep, "metric=val/acc")
-    assert rows[0]["pos"] == "rope" and rows[0]["mean"] == pytest.approx(-0.6)
+    assert [r["pos"] for r in rows[:3]] == ["sinusoidal", "rope", "learned"]  # acc = 1 - loss: highest first
+    assert rows[1]["mean"] == pytest.approx(-0.6)
     rows = records(capsys, sweep, "metric=val/acc", "over=", "sort=name")
     assert [(r["pos"], r["seed"]) for r in rows[:2]] == [("alibi", "1"), ("learned", "1")]
 
@@ -158,7 +197,8 @@ def test_csv_and_out_dir_write_every_format_and_real_plots(sweep, tmp_path, caps
         (log / "metrics.csv").write_text("step,val/loss\n" + "".join(f"{s},{3.0 - s / 100 - i / 10}\n" for s in (0, 50, 100)))
     report.main([str(sweep), "format=csv"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("task,metric,pos,runs,diverged,failed,interrupted,unfinished,") and len(lines) == 6
+    assert lines[0].startswith("task,metric,pos,runs,collapsed,diverged,failed,interrupted,unfinished,")
+    assert len(lines) == 6
     out = tmp_path / "rep"
     report.main([str(sweep), f"out={out}"])
     assert "wrote report.md, report.csv, report.json, val_loss_curves.png" in capsys.readouterr().out
@@ -185,6 +225,11 @@ def test_without_matplotlib_the_tables_still_print_with_a_hint(sweep, tmp_path):
                                       (["{d}", "best=low"], "best=low: use best=min"),
                                       (["{d}", "baseline=pos=nope"], "baseline=pos=nope: matches 0 configurations"),
                                       (["{d}", "level=95"], "level=95: a confidence level"),
+                                      (["{d}", "margin=-0.1"], "margin=-0.1: a positive number"),
+                                      (["{d}", "margin=nan"], "margin=nan: a positive number"),
+                                      (["{d}", "collapse_tol=x"], "collapse_tol=x: a number of nats >= 0"),
+                                      (["{d}", "study=maybe"], "study=maybe: use study=declared or study=ignore"),
+                                      (["{d}", "at=flops:-1"], "at=flops:-1: use at=flops:<FLOPs>"),
                                       (["CORRUPT"], "unreadable: 0_a=1 (JSONDecodeError")])
 def test_errors_are_one_line(argv, msg, capsys, tmp_path, sweep):
     (tmp_path / "EMPTY").mkdir()
@@ -204,35 +249,31 @@ def test_a_corrupt_record_is_listed_and_the_rest_reported(sweep, capsys):
     assert "1 unreadable" in out and "unreadable: 0_pos=learned,seed=1 (JSONDecodeError" in out and "| rope |" in out
 
 
-def test_holm_over_every_pair_when_the_baseline_is_the_best(tmp_path, capsys):
-    """baseline=best picks the winner from the data: the verdicts are Holm-adjusted over all pairs (3 here)."""
+def test_every_pair_is_the_family_when_the_baseline_is_the_best(tmp_path, capsys):
+    """baseline=best picks the winner from the data: the family is all 3 pairs, so each interval is at 1 - 0.05/3."""
     vals = {"a": [1.00, 1.02, 0.98], "b": [1.10, 1.13, 1.08], "c": [1.30, 1.20, 1.25]}
-    for cfg, xs in vals.items():
-        for seed, v in enumerate(xs, 1):
-            fake_job(tmp_path, f"{cfg}{seed}", [f"cfg={cfg}", f"seed={seed}"], v)
+    sweep_of(tmp_path, {k: {str(i): v for i, v in enumerate(xs, 1)} for k, xs in vals.items()})
     rows = {r["cfg"]: r for r in records(capsys, tmp_path)}
     assert rows["a"]["baseline"]
-    raw = {(x, y): ss.ttest_rel(vals[x], vals[y]).pvalue for x, y in (("a", "b"), ("a", "c"), ("b", "c"))}
-    order = sorted(raw, key=raw.get)
-    expected, running = {}, 0.0
-    for rank, pair in enumerate(order):
-        running = max(running, min(1.0, (3 - rank) * raw[pair]))
-        expected[pair] = running
-    assert rows["b"]["p_holm"] == pytest.approx(expected[("a", "b")])
-    assert rows["c"]["p_holm"] == pytest.approx(expected[("a", "c")])
+    for cfg in ("b", "c"):
+        ref = ss.ttest_rel(vals[cfg], vals["a"])
+        assert rows[cfg]["family"] == 3 and rows[cfg]["p_adjusted"] == pytest.approx(min(1, 3 * ref.pvalue))
+        ci = ref.confidence_interval(1 - 0.05 / 3)
+        assert (rows[cfg]["diff_ci_low"], rows[cfg]["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
     report.main([str(tmp_path)])
-    assert "Holm-adjusted over the 3 pairs of configurations" in capsys.readouterr().out
+    assert "the 3 pairs of configurations (the baseline is the best, chosen by the data) form one family" in \
+        capsys.readouterr().out
 
 
 def test_a_baseline_with_an_interval_is_preferred_and_a_short_one_is_named(tmp_path, capsys):
     fake_job(tmp_path, "a1", ["cfg=a", "seed=1"], 0.5)  # best, but n=1
-    for s in (1, 2):
+    for s in (1, 2, 3):
         fake_job(tmp_path, f"b{s}", ["cfg=b", f"seed={s}"], 1.0 + s / 100)
-        fake_job(tmp_path, f"c{s}", ["cfg=c", f"seed={s}"], 2.0 + s / 100)
+        fake_job(tmp_path, f"c{s}", ["cfg=c", f"seed={s}"], 2.0 + s * s / 100)
     rows = {r["cfg"]: r for r in records(capsys, tmp_path)}
-    assert rows["b"]["baseline"] and rows["a"]["verdict"] == "n=1: no interval"
+    assert rows["b"]["baseline"] and rows["a"]["verdict"] == "no verdict: 1 shared seed: at least 3 pairs decide"
     rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
-    assert rows["b"]["verdict"] == "baseline has n=1: no interval"
+    assert rows["b"]["verdict"] == "no verdict: 1 shared seed: at least 3 pairs decide"
 
 
 def test_interrupted_and_all_diverged_jobs_are_counted(tmp_path, capsys):
@@ -310,7 +351,7 @@ def test_tasks_together_puts_one_pair_task_of_three_architectures_in_one_table(t
     for i, (task, seed) in enumerate([(t, s) for t in ("seq2seq", "seq2seq_lm", "transduce") for s in (1, 2)]):
         fake_job(tmp_path, f"{i}", [f"task={task}", f"seed={seed}"], 0.5 + i / 20, task=task)
     report.main([str(tmp_path), "metric=val/acc"])
-    assert capsys.readouterr().out.count(", metric val/acc, best first") == 3  # apart, by default
+    assert capsys.readouterr().out.count(", metric val/acc in [0, 1], best first") == 3  # apart, by default
     rows = records(capsys, tmp_path, "metric=val/acc", "tasks=together")
     assert [r["task"] for r in rows] == ["seq2seq", "seq2seq_lm", "transduce"]  # highest accuracy first
 
@@ -328,3 +369,67 @@ def test_where_reports_a_slice_of_the_sweep(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "where=model.n_layer=8"])
     assert "no job has the key 'model.n_layer'. Did you mean 'model.n_layers'" in capsys.readouterr().err
+
+
+def test_collapsed_and_diverged_runs_are_outcomes_with_fishers_test(tmp_path, capsys):
+    """A run no better than its unigram model is collapsed (not averaged); each arm's collapsed+diverged rate
+    gets Wilson's interval, and Fisher's exact test against the baseline (scipy's, adjusted for the family)."""
+    for s in range(1, 5):
+        fake_job(tmp_path, f"pre{s}", ["residual=pre", f"seed={s}"], 2.0 + s / 100, extra={"unigram_val_loss": 3.3})
+        loss = {1: 3.29, 2: 3.4, 3: float("nan")}.get(s, 2.5)  # collapsed twice (within 0.02 of 3.3, above it)
+        fake_job(tmp_path, f"post{s}", ["residual=post", f"seed={s}"], loss, extra={"unigram_val_loss": 3.3})
+        fake_job(tmp_path, f"deep{s}", ["residual=deep", f"seed={s}"], 3.31, extra={"unigram_val_loss": 3.3})
+    rows = {r["residual"]: r for r in records(capsys, tmp_path, "baseline=residual=pre")}
+    post, deep = rows["post"], rows["deep"]
+    assert (post["runs"], post["collapsed"], post["diverged"], post["mean"]) == (1, 2, 1, 2.5)
+    assert (post["bad_runs"], post["ended_runs"]) == (3, 4)
+    # two Fisher tests (an arm that collapsed every time is still an arm: it counts, in both families)
+    assert post["bad_fisher_p_adjusted"] == pytest.approx(2 * ss.fisher_exact([[3, 1], [0, 4]]).pvalue)
+    assert deep["bad_fisher_p_adjusted"] == pytest.approx(2 * ss.fisher_exact([[4, 0], [0, 4]]).pvalue)
+    assert deep["verdict"] == "no verdict: this arm has no finished run with val/loss"
+    assert (post["bad_rate_low"], post["bad_rate_high"]) == pytest.approx(
+        tuple(ss.binomtest(3, 4).proportion_ci(0.95, method="wilson")))
+    report.main([str(tmp_path), "baseline=residual=pre"])
+    out = capsys.readouterr().out
+    assert "jobs: 5 finished, 6 collapsed, 1 diverged" in out and "| 3/4 [0.30, 0.95], Fisher p=0.29 |" in out
+    assert "collapsed: post1 (val/loss 3.2900, unigram model 3.3000)" in out
+    rows = {r["residual"]: r for r in records(capsys, tmp_path, "baseline=residual=pre", "collapse_tol=0")}
+    assert rows["post"]["collapsed"] == 1  # 3.29 is below 3.3 by more than 0
+
+
+def test_a_declared_study_sets_the_family_baseline_and_margin(tmp_path, capsys):
+    study = {"question": "does b match a?", "baseline": "cfg=a", "compare": ["cfg=b"], "margin": 0.01, "level": 0.9}
+    arms = {"a": [2.00, 2.10, 1.95, 2.05], "b": [2.001, 2.098, 1.953, 2.049], "c": [2.3, 2.4, 2.2, 2.35]}
+    for cfg, xs in arms.items():
+        for s, v in enumerate(xs, 1):
+            d = fake_job(tmp_path, f"{cfg}{s}", [f"cfg={cfg}", f"seed={s}"], v)
+            (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"task": {"name": "causal_lm"}, "study": study}))
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path)}
+    assert rows["a"]["baseline"] and rows["b"]["family"] == 1 and rows["b"]["diff_ci_level"] == pytest.approx(0.9)
+    assert rows["b"]["verdict"].startswith("equivalent within ±0.01") and rows["c"]["verdict"] == \
+        "not in the study's family"
+    report.main([str(tmp_path)])
+    assert capsys.readouterr().out.startswith("jobs: 12 finished\n\nstudy: does b match a?\n")
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "study=ignore")}  # a plain sweep: the best, all pairs
+    assert rows["b"]["family"] == 3 and rows["b"]["margin"] is None  # NaN: null in strict JSON
+    (tmp_path / "c1" / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"study": {**study, "margin": -1}}))
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path)])
+    assert "c1: its study block differs from the other jobs'" in capsys.readouterr().err
+
+
+def test_at_equal_compute_each_run_is_read_at_its_own_step_of_those_flops(tmp_path, capsys):
+    """A wide arm spends 2e6 FLOPs a step, a narrow one 1e6: at=flops:4e8 reads the wide arm at step 200 and the
+    narrow one at step 400 (the logged steps closest to it)."""
+    curve = [(s, 3.0 - s / 1000) for s in (100, 200, 300, 400, 500)]
+    for s in (1, 2, 3):
+        for arm, per_step in (("wide", 2e6), ("narrow", 1e6)):
+            fake_job(tmp_path, f"{arm}{s}", [f"arm={arm}", f"seed={s}"], 2.0 + s / 100, curve=curve,
+                     extra={"train_flops": per_step * 500, "steps": 500})
+    rows = {r["arm"]: r for r in records(capsys, tmp_path, "at=flops:4e8")}
+    assert rows["wide"]["mean"] == pytest.approx(2.8) and rows["narrow"]["mean"] == pytest.approx(2.6)
+    report.main([str(tmp_path), "at=step:300"])
+    assert "at step 300 (each run's logged validation closest to it: step 300)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "at=tokens:5"])
+    assert "at=tokens:5: use at=flops:<FLOPs>" in capsys.readouterr().err

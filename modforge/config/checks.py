@@ -29,6 +29,10 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     check_trainer_values(cfg.trainer, here)
     for key in ROOT_KEYS:
         check_root_value(key, cfg.get(key))
+    if cfg.get("study") is not None:
+        from modforge.config.study import check_study
+
+        check_study(OmegaConf.to_container(cfg.study, resolve=True) if OmegaConf.is_config(cfg.study) else cfg.study)
     for kind in registry.kinds():  # nested kinds (ffn.activation, data.tokenizer): their names, now
         where = registry.kind(kind).nested_in
         name = OmegaConf.select(cfg, where) if where else None
@@ -241,13 +245,13 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
             if sub and "." not in sub:
                 check_trainer_key(sub)
             continue
-        if head in ("callbacks", "logger"):  # checked by check_callbacks / check_loggers once composed
+        if head in ("callbacks", "logger", "study"):  # checked once composed (check_callbacks, check_study ...)
             continue
         if head in ROOT_KEYS:
             _check_root(ov.input_line, head, sub, values)
             continue
         if head not in kinds:
-            known = sorted([*kinds, *ROOT_KEYS, *PRESET_GROUPS])
+            known = sorted([*kinds, *ROOT_KEYS, *PRESET_GROUPS, "study"])
             raise registry.ConfigError(
                 f"{ov.input_line}: '{head}' is not a key or group of modforge's config, so nothing would read it."
                 f"{registry.suggest(head, known)} Top-level keys and groups: {', '.join(known)}.")

@@ -9,7 +9,6 @@
 
 Both are written as PNG and SVG.
 """
-import csv
 import math
 import re
 from pathlib import Path
@@ -23,21 +22,7 @@ except ImportError as e:  # the report still prints and writes its tables
     raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
 
 from modforge.results import stats
-
-
-def read_curve(job_dir: Path, metric: str) -> dict[int, float]:
-    """{step: value} of ``metric`` in a job's CSV log (the last value logged at a step wins)."""
-    path = job_dir / "logs" / "metrics.csv"
-    out: dict[int, float] = {}
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            for row in csv.DictReader(fh):
-                v, step = row.get(metric), row.get("step")
-                if v not in (None, "") and step not in (None, ""):
-                    out[int(float(step))] = float(v)
-    except (OSError, ValueError):
-        return {}
-    return out
+from modforge.results.tables import read_curve
 
 
 def label_of(t, r) -> str:
@@ -62,7 +47,7 @@ def curves(t, out: Path, prefix: str) -> list[str]:
         mean, low, high = [], [], []
         for s in steps:
             vals = [c[s] for c in runs if s in c and math.isfinite(c[s])]
-            iv = stats.mean_interval(vals, t.level)
+            iv = stats.mean_interval(vals, t.level, t.info.get("low", -math.inf), t.info.get("high", math.inf))
             mean.append(iv.estimate)
             low.append(iv.low if iv.kind else iv.estimate)
             high.append(iv.high if iv.kind else iv.estimate)

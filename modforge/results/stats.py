@@ -1,162 +1,248 @@
-"""Small-sample statistics for the report: Student-t intervals, paired and Welch differences, Holm's correction.
+"""The statistics of a verdict: intervals over seeds, paired comparisons on shared seeds, equivalence against a
+declared margin, the minimum detectable effect, rates of failed runs and Fisher's exact test between arms.
 
-Pure Python (no scipy, no numpy), so ``python -m modforge.report`` needs nothing
-beyond modforge's own dependencies; the tests check every function against
-``scipy.stats``. The t distribution's CDF is the regularized incomplete beta
-function I_x(a, b), evaluated by its continued fraction (Lentz's method), and
-its quantile by bisection on the CDF, which is monotone: slow by the standards
-of a numerics library, exact to ~1e-12 and fast enough for a table.
+Built on ``scipy.stats`` (Student's t and its noncentral form, the binomial's Wilson interval, Fisher's exact
+test): a library made for this, tested by its maintainers far beyond what a report could be. What is decided
+here is which procedure answers which question:
+
+* **A comparison** is ``x - baseline`` over the seeds both arms finished (pairs; how many is part of the
+  answer). Pairing is what makes a seed worth having: with common random numbers two runs of one seed see the
+  same batches, so the difference cancels what they share. When two arms share no seed at all, the family is
+  compared by Welch's unpaired test instead, and says so; a family never mixes the two.
+* **A family** of k comparisons is tested at level 1 - alpha as a whole (Bonferroni): every printed interval is
+  a simultaneous one, at 1 - alpha/k, and every verdict is read off that interval, so the two cannot disagree.
+  (Holm's step-down rejects a little more often but has no intervals that match its decisions.)
+* **Four verdicts.** *better* / *worse*: the interval excludes 0. *equivalent within ±m*: the interval lies
+  inside (-m, m), which is two one-sided tests (TOST) each at alpha/(2k): stricter than Schuirmann's 1 - 2alpha
+  interval, so that one printed interval carries every verdict. *inconclusive*: neither, stated with the
+  minimum detectable effect (MDE): the true difference the test would find with 80% power at this number of
+  pairs and this spread (the noncentral t's power, solved for the effect). No verdict at all, with the reason,
+  under 3 pairs or when the differences have no spread (a p-value of 0 from two numbers is no evidence).
+* **Bounded metrics** (an accuracy in [0, 1], a loss >= 0) get intervals inside their range: Wilson's score
+  interval when every run sits at a bound (5 of 5 runs at exact match 1.0 is a rate, 5/5), else Student's t
+  where it stays in range, else Student's t on the logit (two bounds) or log (one bound) scale, values at a
+  bound pulled in by Smithson and Verkuilen's (x(n-1) + 1/2)/n (and the interval's ends pushed back out); a
+  skewed sample whose transformed interval misses its own mean gets Student's t cut at the range.
 """
 import math
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 1e-15
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom (df may be fractional: Welch)."""
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_ppf(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t (bisection on :func:`t_cdf`)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"quantile {q} outside (0, 1)")
-    if q < 0.5:
-        return -t_ppf(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-13 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
-
-
-def two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|), computed from the tail directly (no 1 - x cancellation for tiny p)."""
-    if math.isinf(t):
-        return 0.0
-    return betainc(df / 2.0, 0.5, df / (df + t * t))
+MIN_PAIRS = 3
+POWER = 0.8
 
 
 @dataclass
 class Interval:
-    """A mean (or a difference of means) with its two-sided confidence interval."""
+    """A mean over runs with its interval; ``kind`` says which ("" when there is none, ``why`` says why)."""
 
     estimate: float
     low: float = math.nan
     high: float = math.nan
-    df: float = math.nan
-    p: float = math.nan  # two-sided p-value of "the true value is 0" (for differences)
-    kind: str = ""  # "t", "paired", "welch"; "" when there is too little data for an interval
+    kind: str = ""  # "t", "logit-t", "log-t", "wilson"
+    why: str = ""
 
     @property
-    def excludes_zero(self) -> bool:
-        return not (math.isnan(self.low) or self.low <= 0.0 <= self.high)
+    def width(self) -> float:
+        return self.high - self.low
 
 
-def mean_interval(xs: Sequence[float], level: float = 0.95) -> Interval:
-    """Mean with its Student-t interval: mean ± t_{(1+level)/2, n-1} · sd / sqrt(n); no interval for n < 2."""
+def _t():
+    from scipy import stats
+
+    return stats
+
+
+def t_quantile(q: float, df: float) -> float:
+    return float(_t().t.ppf(q, df))
+
+
+def mean_interval(xs: Sequence[float], level: float = 0.95, low: float = -math.inf,
+                  high: float = math.inf) -> Interval:
+    """The mean of ``xs`` with a ``level`` interval that stays inside [low, high] (see the module's notes)."""
+    xs = [x for x in xs if math.isfinite(x)]
     n = len(xs)
     if n == 0:
-        return Interval(math.nan)
+        return Interval(math.nan, why="no runs")
     m = statistics.fmean(xs)
     if n < 2:
-        return Interval(m)
-    half = t_ppf((1 + level) / 2, n - 1) * statistics.stdev(xs) / math.sqrt(n)
-    return Interval(m, m - half, m + half, n - 1, kind="t")
+        return Interval(m, why="one run")
+    if any(not low <= x <= high for x in xs):  # the range was guessed from the name, wrongly: no range
+        low, high = -math.inf, math.inf
+    bounded = math.isfinite(low) and math.isfinite(high)
+    if bounded and all(x in (low, high) for x in xs):  # every run at a bound: a rate
+        lo, hi = wilson(sum(x == high for x in xs), n, level)
+        span = high - low
+        return Interval(m, low + lo * span, low + hi * span, "wilson")
+    sd = statistics.stdev(xs)
+    if sd == 0:
+        return Interval(m, why=f"all {n} equal")
+    half = t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    if low <= m - half and m + half <= high:
+        return Interval(m, m - half, m + half, "t")
+    ends, kind = None, ""
+    if bounded:  # the logit scale of (x - low) / (high - low), values at a bound pulled in, and back out
+        z = [math.log(u / (1 - u)) for u in (_squeeze((x - low) / (high - low), n) for x in xs)]
+        ends = [low + (high - low) * _unsqueeze(1 / (1 + math.exp(-e)), n) for e in _t_bounds(z, level)]
+        kind = "logit-t"
+    elif math.isfinite(low) or math.isfinite(high):  # the log scale of the distance from the one bound
+        sign, bound = (1, low) if math.isfinite(low) else (-1, high)
+        dist = [sign * (x - bound) for x in xs]
+        floor = min((d for d in dist if d > 0), default=1.0) / 2  # a run at the bound itself
+        ends = sorted(bound + sign * math.exp(e) for e in _t_bounds([math.log(max(d, floor)) for d in dist], level))
+        kind = "log-t"
+    if ends is not None and ends[0] <= m <= ends[1]:
+        return Interval(m, ends[0], ends[1], kind)
+    # a skewed sample whose transformed interval misses its own mean: Student's t, cut at the range
+    return Interval(m, max(m - half, low), min(m + half, high), "t, cut at the range")
 
 
-def paired_difference(xs: Sequence[float], ys: Sequence[float], level: float = 0.95) -> Interval:
-    """Mean of x_i - y_i over pairs (the same seed in both configurations), with its t interval and p-value."""
-    d = [x - y for x, y in zip(xs, ys)]
-    n = len(d)
-    m = statistics.fmean(d) if d else math.nan
-    if n < 2:
-        return Interval(m, kind="")
-    sd = statistics.stdev(d)
-    se = sd / math.sqrt(n)
-    half = t_ppf((1 + level) / 2, n - 1) * se
-    p = two_sided_p(m / se, n - 1) if se > 0 else (0.0 if m != 0 else 1.0)
-    return Interval(m, m - half, m + half, n - 1, p, "paired")
+def _squeeze(u: float, n: int) -> float:
+    return (u * (n - 1) + 0.5) / n
 
 
-def welch_difference(xs: Sequence[float], ys: Sequence[float], level: float = 0.95) -> Interval:
-    """mean(x) - mean(y) with Welch's interval (unequal variances, Welch–Satterthwaite degrees of freedom)."""
-    nx, ny = len(xs), len(ys)
-    m = (statistics.fmean(xs) - statistics.fmean(ys)) if nx and ny else math.nan
-    if nx < 2 or ny < 2:
-        return Interval(m, kind="")
-    vx, vy = statistics.variance(xs) / nx, statistics.variance(ys) / ny
-    se = math.sqrt(vx + vy)
-    if se == 0:
-        return Interval(m, m, m, math.inf, 0.0 if m != 0 else 1.0, "welch")
-    df = (vx + vy) ** 2 / (vx ** 2 / (nx - 1) + vy ** 2 / (ny - 1))
-    half = t_ppf((1 + level) / 2, df) * se
-    return Interval(m, m - half, m + half, df, two_sided_p(m / se, df), "welch")
+def _unsqueeze(s: float, n: int) -> float:
+    return min(1.0, max(0.0, (s * n - 0.5) / (n - 1)))
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm–Bonferroni adjusted p-values (step-down, monotone), in the input's order; NaN stays NaN."""
-    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
-    k = len(idx)
-    out = [math.nan] * len(pvalues)
-    running = 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (k - rank) * pvalues[i]))
-        out[i] = running
-    return out
+def _t_bounds(z: list, level: float) -> tuple:
+    m, sd, n = statistics.fmean(z), statistics.stdev(z), len(z)
+    half = t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    return m - half, m + half
 
 
-def difference(xs: dict, ys: dict, level: float = 0.95) -> Optional[Interval]:
-    """x - y for two configurations given as {seed: value}: paired when both ran the same seeds, Welch otherwise."""
-    if xs and set(xs) == set(ys) and len(xs) >= 2:
-        keys = sorted(xs)
-        return paired_difference([xs[k] for k in keys], [ys[k] for k in keys], level)
-    return welch_difference(list(xs.values()), list(ys.values()), level)
+def wilson(k: int, n: int, level: float = 0.95) -> tuple:
+    """Wilson's score interval for a rate of ``k`` in ``n`` (inside [0, 1] for 0/n and n/n too)."""
+    if n == 0:
+        return math.nan, math.nan
+    ci = _t().binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def fisher(bad_a: int, n_a: int, bad_b: int, n_b: int) -> float:
+    """Two-sided p of Fisher's exact test: do two arms fail (diverge, collapse) at different rates?"""
+    if n_a == 0 or n_b == 0:
+        return math.nan
+    return float(_t().fisher_exact([[bad_a, n_a - bad_a], [bad_b, n_b - bad_b]]).pvalue)
+
+
+@dataclass
+class Comparison:
+    """``x - y`` for two arms, as one member of a family of ``family`` comparisons at ``level``."""
+
+    estimate: float
+    n: int  # pairs used (paired), or the smaller arm's runs (welch)
+    test: str  # "paired" | "welch"
+    level: float  # the family's level; the interval is at 1 - (1 - level) / family
+    family: int
+    low: float = math.nan
+    high: float = math.nan
+    df: float = math.nan
+    se: float = math.nan
+    p: float = math.nan  # two-sided, unadjusted
+    corr: float = math.nan  # correlation of the two arms over the shared seeds (paired)
+    removed: float = math.nan  # share of the unpaired variance the pairing removed (paired)
+    why: str = ""  # why there is no decision ("" when there is one)
+    n_x: int = 0
+    n_y: int = 0
+
+    @property
+    def alpha(self) -> float:
+        """Each comparison's two-sided level (Bonferroni)."""
+        return (1 - self.level) / self.family
+
+    @property
+    def p_adjusted(self) -> float:
+        return min(1.0, self.p * self.family) if not math.isnan(self.p) else math.nan
+
+    @property
+    def decided(self) -> bool:
+        return not self.why
+
+    @property
+    def mde(self) -> float:
+        """The smallest true |difference| found with 80% power by this test at this n, spread and level."""
+        if not self.decided:
+            return math.nan
+        return minimum_detectable(self.se, self.df, self.alpha)
+
+
+def minimum_detectable(se: float, df: float, alpha: float, power: float = POWER) -> float:
+    """The effect d with P(two-sided t test at ``alpha`` rejects | true difference d) = ``power``, for a test
+    with standard error ``se`` and ``df`` degrees of freedom (the noncentral t's power, solved for d)."""
+    st = _t()
+    from scipy.optimize import brentq
+
+    crit = float(st.t.ppf(1 - alpha / 2, df))
+
+    def shortfall(nc: float) -> float:
+        lower = float(st.nct.sf(crit, df, -nc))  # P(T < -crit), by symmetry (scipy's cdf gives NaN far out)
+        return float(st.nct.sf(crit, df, nc)) + (lower if math.isfinite(lower) else 0.0) - power
+
+    hi = crit + 10.0
+    while shortfall(hi) < 0:
+        hi *= 2
+    return brentq(shortfall, 0.0, hi, xtol=1e-10) * se
+
+
+def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool = True,
+            span: float = math.inf) -> Comparison:
+    """``mean(x) - mean(y)`` for two arms given as {seed: value}: over their shared seeds (``paired``) or
+    Welch's (every run of each). ``span``: the metric's range (high - low); the interval stays inside ±span."""
+    family = max(1, family)
+    x = {k: v for k, v in x.items() if math.isfinite(v)}
+    y = {k: v for k, v in y.items() if math.isfinite(v)}
+    if paired:
+        keys = sorted(set(x) & set(y))
+        d = [x[k] - y[k] for k in keys]
+        n = len(d)
+        c = Comparison(statistics.fmean(d) if d else math.nan, n, "paired", level, family, n_x=len(x), n_y=len(y))
+        if n < MIN_PAIRS:
+            c.why = f"{n} shared seed{'s' * (n != 1)}: at least {MIN_PAIRS} pairs decide"
+            return c
+        sd = statistics.stdev(d)
+        if sd == 0:
+            c.why = f"all {n} differences equal ({c.estimate:+.4g}): no spread to judge them by"
+            return c
+        c.se, c.df = sd / math.sqrt(n), n - 1
+        xs, ys = [x[k] for k in keys], [y[k] for k in keys]
+        vx, vy = statistics.variance(xs), statistics.variance(ys)
+        if vx > 0 and vy > 0:
+            c.corr = statistics.correlation(xs, ys)
+            c.removed = 1 - sd ** 2 / (vx + vy)
+    else:
+        xs, ys = list(x.values()), list(y.values())
+        nx, ny = len(xs), len(ys)
+        c = Comparison(statistics.fmean(xs) - statistics.fmean(ys) if xs and ys else math.nan, min(nx, ny),
+                       "welch", level, family, n_x=nx, n_y=ny)
+        if min(nx, ny) < MIN_PAIRS:
+            c.why = f"an arm with {min(nx, ny)} run{'s' * (min(nx, ny) != 1)}: at least {MIN_PAIRS} in each decide"
+            return c
+        vx, vy = statistics.variance(xs) / nx, statistics.variance(ys) / ny
+        if vx + vy == 0:
+            c.why = "every run of both arms equal: no spread to judge the difference by"
+            return c
+        c.se = math.sqrt(vx + vy)
+        c.df = (vx + vy) ** 2 / (vx ** 2 / (nx - 1) + vy ** 2 / (ny - 1))
+    st = _t()
+    half = float(st.t.ppf(1 - c.alpha / 2, c.df)) * c.se
+    c.low, c.high = max(c.estimate - half, -span), min(c.estimate + half, span)
+    c.p = float(2 * st.t.sf(abs(c.estimate) / c.se, c.df))
+    return c
+
+
+def verdict(c: Comparison, better: str = "min", margin: Optional[float] = None) -> tuple:
+    """-> (word, what it rests on): ``better``, ``worse``, ``equivalent``, ``inconclusive`` or ``undecided``.
+    ``better``: the direction in which the metric improves (min or max); ``margin``: the declared m of
+    "equivalent within ±m" (None: none declared, so no equivalence can be claimed)."""
+    if not c.decided:
+        return "undecided", c.why
+    test = f"{c.test}, n={c.n}" + (f", {c.family} in the family" if c.family > 1 else "")
+    if c.low > 0 or c.high < 0:
+        word = "better" if (c.estimate < 0) == (better == "min") else "worse"
+        inside = margin is not None and -margin < c.low and c.high < margin
+        return word, f"{test}, p={c.p_adjusted:.2g}{'; yet within ±' + format(margin, 'g') if inside else ''}"
+    if margin is not None and -margin < c.low and c.high < margin:
+        return "equivalent", f"within ±{margin:g}; {test}"
+    return "inconclusive", f"MDE {c.mde:.3g}; {test}" + (f"; margin ±{margin:g}" if margin is not None else "")

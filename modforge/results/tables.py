@@ -1,8 +1,10 @@
-"""A sweep's results as tables: every job under a sweep directory with its status, jobs grouped into
-configurations (pooled over seeds), each row's mean, interval, spread and its difference from the baseline
-(paired over seeds when both configurations ran the same seeds, Welch's otherwise; Holm's adjustment over
-the family), the cost table, and the formats (Markdown, CSV, JSON). No Lightning, no Hydra: the command is
-:mod:`modforge.report`, the plots :mod:`modforge.results.plots`."""
+"""A sweep's results as tables: every job under a sweep directory with its outcome, jobs grouped into
+configurations (pooled over seeds), each row's mean and interval (inside the metric's range), spread, its
+difference from the baseline over the seeds both finished, with a simultaneous interval and one of four
+verdicts (:mod:`modforge.results.stats`), its rate of diverged and collapsed runs with Fisher's test, the cost
+table, and the formats (Markdown, CSV, JSON). A sweep whose experiment declared a ``study:`` block is reported
+as it declared. No Lightning, no Hydra: the command is :mod:`modforge.report`, the plots
+:mod:`modforge.results.plots`."""
 import csv
 import io
 import json
@@ -21,8 +23,11 @@ from modforge.results import stats
 from modforge.run.dirs import read_state
 
 LOWER_IS_BETTER = ("loss", "bpc", "ppl", "perplexity")
+RATES = ("acc", "exact_match", "accuracy", "rate")  # names of metrics in [0, 1], for runs that did not record it
 
-STATUSES = ("finished", "diverged", "failed", "interrupted", "unfinished", "unreadable")
+STATUSES = ("finished", "collapsed", "diverged", "failed", "interrupted", "unfinished", "unreadable")
+OUTCOMES = ("collapsed", "diverged")  # what an arm's runs can end as, besides finished: counted, never dropped
+COLLAPSE_TOL = 0.02  # nats: a final val/loss within this of the unigram model's (or above it) is a collapse
 
 class ReportError(ModforgeError):
     pass
@@ -37,8 +42,9 @@ class Job:
     task: str = "?"
     error: Optional[str] = None
 
-def load_jobs(root: Path) -> list[Job]:
-    """Every job under ``root``, whatever its status."""
+def load_jobs(root: Path, collapse_tol: float = COLLAPSE_TOL) -> list[Job]:
+    """Every job under ``root``, whatever its status. A finished run whose final ``val/loss`` is no better than
+    its data's unigram model by ``collapse_tol`` is ``collapsed``: it learnt no more than token frequencies."""
     jobs = []
     for ov_file in sorted(root.rglob(".hydra/overrides.yaml")):
         d = ov_file.parent.parent
@@ -56,11 +62,56 @@ def load_jobs(root: Path) -> list[Job]:
         job.metrics, job.error = state.metrics, state.error
         if state.metrics is not None:
             job.task = (state.metrics.get("config") or {}).get("task") or job.task
+            if job.status == "finished" and collapsed(state.metrics, collapse_tol):
+                job.status = "collapsed"
+                job.error = (f"val/loss {state.metrics['val']['val/loss']:.4f}, unigram model "
+                             f"{state.metrics['unigram_val_loss']:.4f}")
         if state.status == "interrupted" and not state.error:
             step = state.checkpoint_step()
             job.error = f"last checkpoint at step {step}" if step is not None else "no checkpoint"
         jobs.append(job)
     return jobs
+
+def collapsed(metrics: dict, tol: float) -> bool:
+    loss, unigram = (metrics.get("val") or {}).get("val/loss"), metrics.get("unigram_val_loss")
+    nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (loss, unigram))
+    return nums and loss > unigram - tol
+
+
+def study_of(jobs: list[Job]) -> Optional[dict]:
+    """The ``study:`` block the sweep's experiment declared (every job's config carries the same one), or None."""
+    found = None
+    for j in jobs:
+        try:
+            cfg = yaml.safe_load((j.dir / ".hydra" / "config.yaml").read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(cfg, dict) and isinstance(cfg.get("study"), dict):
+            if found is not None and cfg["study"] != found:
+                raise ReportError(f"{j.name}: its study block differs from the other jobs'; report one study at a time")
+            found = cfg["study"]
+    return found
+
+
+def metric_info(jobs: list[Job], metric: str) -> dict:
+    """{"low", "high", "better"} of ``metric``, as the task that logged it recorded it (``metrics.json``'s
+    ``metric_info``); for runs from before that record, from its name (losses >= 0 and lower is better,
+    accuracies and exact match in [0, 1] and higher is better, anything else unbounded)."""
+    short = metric.split("/", 1)[-1]
+    for j in jobs:
+        info = ((j.metrics or {}).get("metric_info") or {})
+        rec = info.get(metric) or info.get(short)
+        if isinstance(rec, dict):
+            lo, hi = rec.get("low"), rec.get("high")
+            return {"low": -math.inf if lo is None else float(lo), "high": math.inf if hi is None else float(hi),
+                    "better": rec.get("better", "min")}
+    name = short.lower()
+    if any(w in name for w in LOWER_IS_BETTER):
+        return {"low": 0.0, "high": math.inf, "better": "min"}
+    if any(w in name for w in RATES):
+        return {"low": 0.0, "high": 1.0, "better": "max"}
+    return {"low": -math.inf, "high": math.inf, "better": "max"}
+
 
 def _task_of(d: Path) -> str:
     try:
@@ -68,6 +119,60 @@ def _task_of(d: Path) -> str:
         return str((cfg.get("task") or {}).get("name") or "?")
     except (OSError, yaml.YAMLError, AttributeError):
         return "?"
+
+def read_curve(job_dir: Path, metric: str) -> dict[int, float]:
+    """{step: value} of ``metric`` in a job's CSV log (the last value logged at a step wins)."""
+    path = job_dir / "logs" / "metrics.csv"
+    out: dict[int, float] = {}
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                v, step = row.get(metric), row.get("step")
+                if v not in (None, "") and step not in (None, ""):
+                    out[int(float(step))] = float(v)
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def at_point(jobs: list[Job], metric: str, spec: str) -> str:
+    """``at=flops:<F>`` or ``at=step:<N>``: each finished run's ``metric`` replaced by its value at the logged
+    validation step closest to that point (FLOPs: the run's own FLOPs per step, from ``metrics.json``), so that
+    arms are compared at equal compute rather than at the end. -> a phrase for the table's description."""
+    kind, _, value = spec.partition(":")
+    try:
+        target = float(value)
+    except ValueError:
+        target = math.nan
+    if kind not in ("flops", "step") or not (target > 0 and math.isfinite(target)):
+        raise ReportError(f"at={spec}: use at=flops:<FLOPs>, e.g. at=flops:1e12, or at=step:<step>, e.g. at=step:500")
+    steps_used, short = [], []
+    for j in jobs:
+        if j.status != "finished" or not j.metrics:
+            continue
+        step = target
+        if kind == "flops":
+            total, steps = j.metrics.get("train_flops"), j.metrics.get("steps")
+            if not (isinstance(total, (int, float)) and total > 0 and steps):
+                raise ReportError(f"at={spec}: {j.name} recorded no train_flops (a run from before FLOPs were "
+                                  "counted); compare such runs at=step:<step>")
+            step = target / (total / steps)
+        curve = read_curve(j.dir, metric)
+        if not curve:
+            raise ReportError(f"at={spec}: {j.name} has no {metric} in logs/metrics.csv")
+        best = min(curve, key=lambda s: (abs(s - step), s))
+        j.metrics = {**j.metrics, "val": {**(j.metrics.get("val") or {}), metric: curve[best]}}
+        steps_used.append(best)
+        if step > max(curve) * 1.01:
+            short.append(j.name)
+    span = f"step {min(steps_used)}" if steps_used and min(steps_used) == max(steps_used) else \
+        f"steps {min(steps_used, default=0)}-{max(steps_used, default=0)}"
+    text = f"at {kind} {target:.3g} (each run's logged validation closest to it: {span})"
+    if short:
+        text += (f"; {len(short)} runs never trained that far ({short[0]}{', ...' if len(short) > 1 else ''}): "
+                 f"they are read at their last validation, beyond which at={spec} asks")
+    return text
+
 
 def metric_value(metrics: Optional[dict], name: str) -> float:
     """The metric as a float (NaN when missing, null or non-numeric)."""
@@ -86,9 +191,10 @@ class Row:
     jobs: list
     values: dict = field(default_factory=dict)  # {over-key values: metric} of the finished runs with a finite metric
     interval: stats.Interval = field(default_factory=lambda: stats.Interval(math.nan))
-    diff: Optional[stats.Interval] = None  # self - baseline
-    p_holm: float = math.nan
+    diff: Optional[stats.Comparison] = None  # self - baseline
     is_baseline: bool = False
+    in_family: bool = False  # one of the comparisons the family (the study, or every row) is made of
+    outcome_p: float = math.nan  # Fisher's test of this row's collapsed+diverged rate against the baseline's
 
     def count(self, status: str) -> int:
         return sum(j.status == status for j in self.jobs)
@@ -96,6 +202,15 @@ class Row:
     @property
     def n(self) -> int:
         return len(self.values)
+
+    @property
+    def ended(self) -> int:
+        """Runs with an outcome of the arm's own: finished, collapsed or diverged (not failed or cut short)."""
+        return sum(j.status in ("finished", *OUTCOMES) for j in self.jobs)
+
+    @property
+    def bad(self) -> int:
+        return sum(j.status in OUTCOMES for j in self.jobs)
 
     @property
     def sd(self) -> float:
@@ -108,8 +223,16 @@ class Row:
 
     @property
     def flops(self) -> float:
-        """6·N·D (Kaplan et al. 2020): N non-embedding parameters, D tokens seen."""
+        """Training FLOPs as the runs counted them from their shapes (``metrics.json``'s ``train_flops``);
+        6·N·D (Kaplan et al. 2020, N non-embedding parameters) for runs from before that count."""
+        counted = self.mean_of("train_flops")
+        if not math.isnan(counted):
+            return counted
         return 6 * self.mean_of("params_non_embedding") * self.mean_of("tokens_seen")
+
+    @property
+    def flops_estimated(self) -> bool:
+        return math.isnan(self.mean_of("train_flops"))
 
 @dataclass
 class Table:
@@ -121,8 +244,17 @@ class Table:
     varying: list
     rows: list
     baseline: Optional[Row]
-    family: int  # Holm's family size
+    family: int  # the number of comparisons tested together
     family_of: str = ""  # what the family is
+    test: str = "paired"  # the family's test: paired over shared seeds, or welch
+    margin: Optional[float] = None  # the declared equivalence margin
+    info: dict = field(default_factory=dict)  # the metric's range and direction
+    study: Optional[dict] = None  # the declared study this table answers
+    notes: list = field(default_factory=list)  # warnings about the comparison's fairness
+    over: tuple = ()  # the keys pooled into a row (the seeds)
+    at: str = ""  # where the runs are compared, when not at their end (at=)
+    declared: bool = False  # the family is the one a study declared
+    overridden: list = field(default_factory=list)  # the study's settings the command line replaced
 
 def group(jobs: list[Job], keys: list[str], over: tuple) -> list[Row]:
     rows: dict[tuple, Row] = {}
@@ -157,7 +289,12 @@ def shared_overrides(jobs: list[Job], over: tuple, swept: set = frozenset()) -> 
     return shared, [k for k in keys if k not in shared]
 
 def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: str = "best", best: str = "min",
-              baseline: str = "best", level: float = 0.95, task: str = "?") -> Table:
+              baseline: str = "best", level: float = 0.95, task: str = "?", margin: Optional[float] = None,
+              compare: Optional[list] = None, info: Optional[dict] = None) -> Table:
+    """One table: rows, the baseline, and the family of comparisons (``compare``: the rows a study declared, by
+    their overrides; None: every other row)."""
+    info = info or metric_info(jobs, metric)
+    lo, hi = info["low"], info["high"]
     rows = group(jobs, varying, over)
     for r in rows:
         for j in r.jobs:
@@ -172,39 +309,50 @@ def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: st
                             f"two runs of one configuration with {', '.join(f'{k}={v}' for k, v in zip(over, key))}: "
                             f"{other} and {j.name}; report one sweep at a time, or pool them with over=")
                     r.values[key] = v
-        r.interval = stats.mean_interval(list(r.values.values()), level)
+    if any(not lo <= v <= hi for r in rows for v in r.values.values()):  # a range guessed from the name, wrongly
+        lo, hi = -math.inf, math.inf
+        info = {**info, "low": lo, "high": hi}
+    for r in rows:
+        r.interval = stats.mean_interval(list(r.values.values()), level, lo, hi)
     sign = 1 if best == "min" else -1
 
-    def quality(r: Row) -> tuple:  # rows with results first, then those with a diverged run, then the empty ones
-        return (r.n == 0, r.count("diverged") > 0, sign * r.interval.estimate if r.n else 0.0)
+    def quality(r: Row) -> tuple:  # rows with results first, by their mean; the empty ones last
+        return (r.n == 0, sign * r.interval.estimate if r.n else 0.0)
 
     by_name = sorted(rows, key=lambda r: tuple(natural(str(v)) for v in r.label))
     rows = by_name if sort == "name" else sorted(by_name, key=quality)
     base = pick_baseline(rows, by_name, varying, baseline, quality, metric)
-    family, family_of = 0, ""
-    if base is not None:
-        base.is_baseline = True
-        for r in rows:
-            if r is not base and r.n and base.n:
-                r.diff = stats.difference(r.values, base.values, level)
-        compared = [r for r in rows if r.diff is not None and r.diff.kind]
-        if baseline == "best":
-            # the baseline was chosen by the data (the winner): Holm over every pair of configurations, so the
-            # error rate holds for whichever pairs the selection makes us look at
-            usable = [r for r in rows if r.n >= 2]
-            pairs = [(a, b) for i, a in enumerate(usable) for b in usable[i + 1:]]
-            ps = [stats.difference(a.values, b.values, level) for a, b in pairs]
-            adjusted = stats.holm([d.p if d.kind else math.nan for d in ps])
-            lookup = {(id(a), id(b)): p for (a, b), p in zip(pairs, adjusted)}
-            for r in compared:
-                r.p_holm = lookup.get((id(r), id(base)), lookup.get((id(base), id(r)), math.nan))
-            family, family_of = sum(d.kind != "" for d in ps), "pairs of configurations (the baseline is the best, " \
-                                                                "chosen by the data)"
-        else:
-            for r, p in zip(compared, stats.holm([r.diff.p for r in compared])):
-                r.p_holm = p
-            family, family_of = len(compared), "comparisons with the baseline"
-    return Table(task, metric, best, sort, level, varying, rows, base, family, family_of)
+    t = Table(task, metric, best, sort, level, varying, rows, base, 0, margin=margin, info=info, over=over)
+    if base is None:
+        return t
+    base.is_baseline = True
+    # the family is fixed before any metric is looked at: the comparisons a study declared, or every arm with a
+    # run that ended (finished, collapsed or diverged) against the baseline, or every pair of them when the
+    # baseline is the best (chosen by the data: the error rate then holds for whichever pair the choice shows)
+    arms = [r for r in rows if r.ended]
+    members = [r for r in rows if r is not base and (any(matches(r, varying, c) for c in compare)
+                                                      if compare is not None else r.ended)]
+    t.declared = compare is not None
+    if baseline == "best" and compare is None:
+        pairs = [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:]]
+        t.family_of = "pairs of configurations (the baseline is the best, chosen by the data)"
+    else:
+        pairs = [(r, base) for r in members]
+        t.family_of = "comparisons with the baseline" + (" the study declared" if compare is not None else "")
+    t.family = max(1, len(pairs))
+    t.test = "paired" if over and any(set(a.values) & set(b.values) for a, b in pairs) else "welch"
+    for r in members:
+        r.in_family = True
+        if r.n and base.n:
+            r.diff = stats.compare(r.values, base.values, level, t.family, t.test == "paired", hi - lo)
+    tested = [r for r in members if r.ended and base.ended]  # Fisher's tests form their own family
+    for r in tested:
+        r.outcome_p = min(1.0, len(tested) * stats.fisher(r.bad, r.ended, base.bad, base.ended))
+    return t
+
+def matches(r: Row, varying: list, spec: str) -> bool:
+    want = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
+    return bool(want) and all(same_value(str(dict(zip(varying, r.label)).get(k)), v) for k, v in want.items())
 
 def pick_baseline(rows: list[Row], by_name: list[Row], varying: list, spec: str, quality, metric: str) -> Optional[Row]:
     usable = [r for r in rows if r.n >= 2] or [r for r in rows if r.n]  # one with an interval, if any has one
@@ -224,9 +372,7 @@ def pick_baseline(rows: list[Row], by_name: list[Row], varying: list, spec: str,
     if len(found) != 1:
         options = "; ".join(",".join(f"{k}={v}" for k, v in zip(varying, r.label)) for r in rows)
         raise ReportError(f"baseline={spec}: matches {len(found)} configurations; it must match one of: {options}")
-    if not found[0].n:
-        raise ReportError(f"baseline={spec}: that configuration has no finished run with a finite {metric}")
-    return found[0]
+    return found[0]  # with no finished run it still anchors the outcome rates; its comparisons say why no verdict
 
 def fmt(x: float, digits: int = 4) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
@@ -237,19 +383,32 @@ def fmt_count(x: float, scientific: bool = False) -> str:
     return f"{x:.3g}" if scientific else f"{x:,.0f}"
 
 def verdict(t: Table, r: Row) -> str:
+    """The row's verdict in words, with the numbers it rests on."""
     if r.is_baseline:
         return "baseline"
-    if r.diff is None or not r.diff.kind:
-        if not r.n:
-            return ""
-        return f"baseline has n={t.baseline.n}: no interval" if t.baseline and t.baseline.n < 2 else f"n={r.n}: no interval"
-    p = r.p_holm if t.family >= 2 else r.diff.p
-    alpha = 1 - t.level
-    word = "better" if (r.diff.estimate < 0) == (t.best == "min") else "worse"
-    tested = f"{r.diff.kind}, {'Holm ' if t.family >= 2 else ''}p={p:.3g}"
-    if r.diff.excludes_zero and p < alpha:
-        return f"{word} ({tested})"
-    return f"not distinguishable at n={r.n} ({tested})"
+    if r.diff is None:
+        if r.in_family:
+            return f"no verdict: {'the baseline has' if r.n else 'this arm has'} no finished run with {t.metric}"
+        return "not in the study's family" if t.declared and r.jobs else ""
+    word, why = stats.verdict(r.diff, t.best, t.margin)
+    word = f"equivalent within ±{t.margin:g}" if word == "equivalent" else word
+    return f"{word} ({why})" if word != "undecided" else f"no verdict: {why}"
+
+def verdict_word(t: Table, r: Row) -> str:
+    if r.is_baseline or r.diff is None:
+        return ""
+    return stats.verdict(r.diff, t.best, t.margin)[0]
+
+def outcome_cell(t: Table, r: Row) -> str:
+    """This row's collapsed and diverged runs out of those that ended, with Wilson's interval of the rate and,
+    against the baseline, Fisher's exact test (adjusted for the family like the verdicts)."""
+    if not r.ended:
+        return ""
+    lo, hi = stats.wilson(r.bad, r.ended, t.level)
+    cell = f"{r.bad}/{r.ended} [{lo:.2f}, {hi:.2f}]"
+    if not math.isnan(r.outcome_p) and (r.bad or (t.baseline and t.baseline.bad)):
+        cell += f", Fisher p={r.outcome_p:.2g}"
+    return cell
 
 def not_applicable(j: Job, metric: str) -> Optional[str]:
     """Why ``metric`` cannot exist for this run (``metrics.json`` -> ``not_applicable``, e.g. ``val@128`` for
@@ -270,24 +429,53 @@ def other_statuses(r: Row, metric: str = "") -> str:
 
 def answer_rows(t: Table) -> tuple[list, list]:
     pct = f"{t.level:.0%}"
+    simultaneous = f"Δ {pct} CI" + (" (simultaneous)" if t.family > 1 else "")
     head = [*t.varying, "runs", f"{t.metric} mean", f"{pct} CI", "sd", "min", "max",
-            "Δ vs baseline", f"Δ {pct} CI", "verdict", "not counted"]
+            "Δ vs baseline", simultaneous, "pairs", "verdict", "collapsed+diverged", "not counted"]
     body = []
     for r in t.rows:
         vals = list(r.values.values())
-        ci = f"[{fmt(r.interval.low)}, {fmt(r.interval.high)}]" if r.interval.kind else ""
+        ci = f"[{fmt(r.interval.low)}, {fmt(r.interval.high)}]" if r.interval.kind else r.interval.why
         d = r.diff
         body.append([*r.label, r.n, fmt(r.interval.estimate), ci, fmt(r.sd), fmt(min(vals) if vals else math.nan),
                      fmt(max(vals) if vals else math.nan),
                      fmt(d.estimate) if d else ("0" if r.is_baseline else ""),
-                     f"[{fmt(d.low)}, {fmt(d.high)}]" if d and d.kind else "", verdict(t, r), other_statuses(r, t.metric)])
+                     f"[{fmt(d.low)}, {fmt(d.high)}]" if d and d.decided else "",
+                     (d.n if d.test == "paired" else f"{d.n_x} vs {d.n_y}") if d else "",
+                     verdict(t, r), outcome_cell(t, r), other_statuses(r, t.metric)])
     return head, body
 
+def pairing_rows(t: Table) -> tuple[list, list]:
+    """What the pairing bought: the correlation of each arm with the baseline over their shared seeds, and the
+    share of the unpaired variance of the difference it removed (1 - var(d) / (var(x) + var(y)))."""
+    head = [*t.varying, "pairs", "correlation", "variance removed", "MDE (80% power)", "p (unadjusted)",
+            "same batches"]
+    body = []
+    for r in t.rows:
+        d = r.diff
+        if d is None or not d.decided or d.test != "paired":
+            continue
+        body.append([*r.label, d.n, fmt(d.corr, 2), f"{d.removed:.0%}" if not math.isnan(d.removed) else "",
+                     fmt(d.mde), f"{d.p:.3g}" if not math.isnan(d.p) else "", same_batches(t, r)])
+    return head, body
+
+def same_batches(t: Table, r: Row) -> str:
+    """How many of the shared seeds trained on the very same batches (equal ``data_checksum``): common random
+    numbers at work; "" for runs from before the checksum."""
+    def sums(row: Row) -> dict:
+        return {tuple(j.overrides.get(k, "") for k in t.over): j.metrics.get("data_checksum")
+                for j in row.jobs if j.status == "finished" and j.metrics and j.metrics.get("data_checksum")}
+
+    mine, theirs = sums(r), sums(t.baseline)
+    shared = [k for k in mine if k in theirs]
+    return f"{sum(mine[k] == theirs[k] for k in shared)}/{len(shared)}" if shared and t.over else ""
+
 def cost_rows(t: Table) -> tuple[list, list]:
-    head = [*t.varying, "params", "non-embedding", "tokens/s", "wall s", "tokens seen", "≈ FLOPs (6ND)"]
+    head = [*t.varying, "params", "non-embedding", "tokens/s", "wall s", "tokens seen", "training FLOPs"]
     body = [[*r.label, fmt_count(r.mean_of("params")), fmt_count(r.mean_of("params_non_embedding")),
              fmt_count(r.mean_of("tokens_per_sec")), fmt(r.mean_of("wall_seconds"), 1),
-             fmt_count(r.mean_of("tokens_seen")), fmt_count(r.flops, scientific=True)] for r in t.rows]
+             fmt_count(r.mean_of("tokens_seen")),
+             fmt_count(r.flops, scientific=True) + (" (6ND)" if r.flops_estimated and r.n else "")] for r in t.rows]
     return head, body
 
 def markdown_table(head: list, body: list) -> str:
@@ -301,11 +489,25 @@ def markdown_table(head: list, body: list) -> str:
 def describe(t: Table, over: tuple) -> str:
     order = "by name" if t.sort == "name" else f"best first ({'lower' if t.best == 'min' else 'higher'} is better)"
     base = ",".join(f"{k}={v}" for k, v in zip(t.varying, t.baseline.label)) if t.baseline else "none"
-    holm = ""
-    if t.family >= 2:
-        holm = f"; verdicts use p-values Holm-adjusted over the {t.family} {t.family_of}; Δ intervals are per comparison"
-    return (f"task {t.task}, metric {t.metric}, {order}; runs pooled over {', '.join(over) or 'nothing'}; "
-            f"intervals are {t.level:.0%} Student-t; baseline {base or '(the only configuration)'}{holm}")
+    lo, hi = t.info.get("low", -math.inf), t.info.get("high", math.inf)
+    rng = f" in [{lo:g}, {hi:g}]" if math.isfinite(lo) or math.isfinite(hi) else ""
+    text = (f"task {t.task}, metric {t.metric}{rng}{', ' + t.at if t.at else ''}, {order}; runs pooled over {', '.join(over) or 'nothing'}; "
+            f"means over finished runs only, with {t.level:.0%} intervals inside the metric's range; "
+            f"baseline {base or '(the only configuration)'}")
+    if t.study:
+        text = f"study: {t.study.get('question', '(no question written)')}\n" + text
+        if t.overridden:
+            text += f"; the command line replaced the study's {', '.join(t.overridden)}"
+    if t.family:
+        pairing = "paired over the seeds both arms finished" if t.test == "paired" else \
+            "Welch's unpaired test (the arms share no seed)"
+        text += (f"; Δ = row - baseline, {pairing}; the {t.family} {t.family_of} form one family at "
+                 f"{t.level:.0%}: each Δ interval is at {1 - (1 - t.level) / t.family:.4g} (Bonferroni), and the "
+                 "verdict is read off it: better/worse when it excludes 0, "
+                 + (f"equivalent when it lies inside ±{t.margin:g} (the declared margin), " if t.margin is not None
+                    else "no equivalence without a declared margin (margin=), ")
+                 + "else inconclusive with the minimum detectable effect at 80% power")
+    return text
 
 def to_markdown(tables: list[Table], shared: dict, counts: dict, over: tuple, problems: list[Job]) -> str:
     out = []
@@ -313,7 +515,12 @@ def to_markdown(tables: list[Table], shared: dict, counts: dict, over: tuple, pr
         out.append("shared: " + " ".join(f"{k}={v}" for k, v in shared.items()))
     out.append("jobs: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s)))
     for t in tables:
-        out += ["", describe(t, over), "", markdown_table(*answer_rows(t)), "", markdown_table(*cost_rows(t))]
+        out += ["", describe(t, over), "", markdown_table(*answer_rows(t))]
+        head, body = pairing_rows(t)
+        if body:
+            out += ["", markdown_table(head, body)]
+        out += ["", markdown_table(*cost_rows(t))]
+        out += [f"\nnote: {n}" for n in t.notes]
     if problems:
         out.append("")
         out += [f"{j.status}: {j.name}" + (f" ({j.error})" if j.error else "") for j in problems]
@@ -324,17 +531,25 @@ def to_records(tables: list[Table]) -> list[dict]:
     for t in tables:
         for r in t.rows:
             d = r.diff
+            rate = stats.wilson(r.bad, r.ended, t.level) if r.ended else (math.nan, math.nan)
             rec = {"task": t.task, "metric": t.metric, **dict(zip(t.varying, r.label)), "runs": r.n,
                    **{s: r.count(s) for s in STATUSES[1:]},
-                   "mean": r.interval.estimate, "ci_low": r.interval.low, "ci_high": r.interval.high, "sd": r.sd,
+                   "mean": r.interval.estimate, "ci_low": r.interval.low, "ci_high": r.interval.high,
+                   "ci_kind": r.interval.kind, "sd": r.sd,
                    "min": min(r.values.values(), default=math.nan), "max": max(r.values.values(), default=math.nan),
                    "baseline": r.is_baseline, "diff": d.estimate if d else math.nan,
                    "diff_ci_low": d.low if d else math.nan, "diff_ci_high": d.high if d else math.nan,
-                   "test": d.kind if d else "", "p": d.p if d else math.nan, "p_holm": r.p_holm,
-                   "verdict": verdict(t, r),
+                   "diff_ci_level": 1 - d.alpha if d else math.nan, "test": d.test if d else "",
+                   "pairs": d.n if d else 0, "p": d.p if d else math.nan,
+                   "p_adjusted": d.p_adjusted if d else math.nan, "family": t.family if d else 0,
+                   "correlation": d.corr if d else math.nan, "variance_removed": d.removed if d else math.nan,
+                   "mde": d.mde if d else math.nan, "margin": t.margin if t.margin is not None else math.nan,
+                   "verdict_word": verdict_word(t, r), "verdict": verdict(t, r),
+                   "bad_runs": r.bad, "ended_runs": r.ended, "bad_rate_low": rate[0], "bad_rate_high": rate[1],
+                   "bad_fisher_p_adjusted": r.outcome_p,
                    "params": r.mean_of("params"), "params_non_embedding": r.mean_of("params_non_embedding"),
                    "tokens_per_sec": r.mean_of("tokens_per_sec"), "wall_seconds": r.mean_of("wall_seconds"),
-                   "tokens_seen": r.mean_of("tokens_seen"), "flops_6nd": r.flops,
+                   "tokens_seen": r.mean_of("tokens_seen"), "train_flops": r.flops,
                    "values": {",".join(k): v for k, v in r.values.items()}}
             recs.append(rec)
     return recs
@@ -366,6 +581,15 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
                 raise ReportError(f"over={a['over']}: no job has the key '{k}'.{suggest(k, have)} "
                                   f"Keys of the jobs: {', '.join(have) or 'none'}.")
     shared, varying = shared_overrides(jobs, over, swept_keys(Path(a["dir"])) - set(a.get("where_keys", ())))
+    study = a.get("study")
+    compare = None
+    if study and study.get("compare") is not None:
+        compare = [str(c) for c in study["compare"]]
+        for spec in compare:
+            keys = [p.split("=", 1)[0] for p in spec.split(",")]
+            if not all("=" in p for p in spec.split(",")) or any(k not in varying for k in keys):
+                raise ReportError(f"study.compare: '{spec}' names no configuration by the overrides that vary in "
+                                  f"this sweep ({', '.join(varying) or 'none vary'})")
     tasks = sorted({j.task for j in jobs if j.status != "unreadable"})
     groups = [(t, [t]) for t in tasks] if a["tasks"] == "apart" else [("+".join(tasks), tasks)]
     tables = []
@@ -373,7 +597,15 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
         mine = [j for j in jobs if j.task in members and j.status != "unreadable"]
         if not any(a["metric"] in ((j.metrics or {}).get("val") or {}) for j in mine):
             continue
-        tables.append(summarise(mine, a["metric"], over, varying, a["sort"], a["best"], a["baseline"], a["level"], task))
+        info = metric_info(mine, a["metric"])
+        at = at_point(mine, a["metric"], a["at"]) if a.get("at") else ""
+        t = summarise(mine, a["metric"], over, varying, a["sort"], a["best"] or info["better"], a["baseline"],
+                      a["level"], task, a.get("margin"), compare, info)
+        t.study, t.notes, t.at = study, fairness_notes(t), at
+        t.overridden = list(a.get("study_overridden", ()))
+        if at and "beyond" in at:
+            t.notes.append(at.split("; ", 1)[1])
+        tables.append(t)
     if not tables:
         have = sorted({k for j in jobs if j.metrics for k in (j.metrics.get("val") or {})})
         if not have:
@@ -382,6 +614,23 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
         raise ReportError(f"metric={a['metric']}: no job reports it.{suggest(a['metric'], have)} "
                           f"Metrics that exist: {', '.join(have)}.")
     return tables, shared
+
+def fairness_notes(t: Table) -> list:
+    """Warnings a careful reader wants before believing a comparison: repeated epochs without dropout (the
+    arms may be memorising), and arms that did not see the same number of tokens."""
+    notes = []
+    repeated = [j for r in t.rows for j in r.jobs if j.metrics and (j.metrics.get("epochs") or 0) > 1
+                and not (j.metrics.get("dropout") or 0)]
+    if repeated:
+        most = max(j.metrics["epochs"] for j in repeated)
+        notes.append(f"{len(repeated)} runs trained for more than one epoch of their data (up to {most:.3g}) with "
+                     "dropout 0: differences may be in memorising the training split")
+    seen = {r.label: r.mean_of("tokens_seen") for r in t.rows if r.n}
+    finite = [v for v in seen.values() if not math.isnan(v)]
+    if finite and max(finite) != min(finite):
+        notes.append(f"the arms did not see the same number of training tokens ({min(finite):,.0f} to "
+                     f"{max(finite):,.0f}): compare them at equal tokens or compute, not only at the end")
+    return notes
 
 def same_value(a: str, b: str) -> bool:
     """Override values as written (seed=2) or as Hydra rewrites a swept one (optim.lr=3e-3 -> 0.003)."""

@@ -147,7 +147,8 @@ RESUME_FREE_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.enc
                     "task.sample_prompt", "task.sample_temperature", "task.sample_top_k")
 # keys a run may change without becoming another run: the above, and output, logging and compilation
 HOW_KEYS = (*RESUME_FREE_KEYS, "sample", "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
-            "callbacks.progress", "callbacks.progress_every", "logger", "compile")
+            "callbacks.progress", "callbacks.progress_every", "logger", "compile",
+            "study")  # the study block is read by the report, never by training
 
 
 def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
