@@ -49,3 +49,18 @@ def test_the_count_of_a_decoder_only_model_by_hand():
     with torch.no_grad():  # an evaluation counts nothing
         model.eval()(torch.randint(4, V, (B, n)))
     assert count.train == 3 * (B * layers * per_layer + B * 2 * n * d * V)
+
+
+def test_a_tasks_own_head_is_counted_too(tmp_path):
+    """classify's linear head is made after the base task: the count is hooked on at setup, so it is in."""
+    from pathlib import Path
+
+    from conftest import tiny_overrides
+    from modforge.config import compose
+    from modforge.run.story import run
+
+    data = Path(__file__).parent / "data" / "sentiment.csv"
+    m = run(compose(tiny_overrides(steps=2) + ["model=encoder_only", "task=classify", "data=classify",
+                                               f"data.path={data}", "data.batch_size=4", "data.max_len=32",
+                                               "sample=false"]), tmp_path)
+    assert set(m["forward_flops_by_part"]) == {"encoder", "head"} and m["forward_flops_by_part"]["head"] > 0
