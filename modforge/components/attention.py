@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modforge.components import linear_flops
 from modforge.registry import ConfigError, declare, register
 
 
@@ -68,11 +69,6 @@ class Attention(nn.Module):
 
 
 declare("attention", "attention (self and cross) and its decoding cache", base=Attention, default="mha", part=True)
-
-
-def linear_flops(module: nn.Module) -> int:
-    """2 * in * out summed over the Linear layers of ``module``: its forward FLOPs per position."""
-    return sum(2 * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
 
 
 def _query_width(attn: nn.Module) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from modforge.components import linear_flops
 from modforge.registry import build, declare, register
 
 
@@ -34,7 +35,7 @@ class FFN(nn.Module):
 
     def flops_per_token(self) -> int:
         """Forward FLOPs per position: 2 * in * out for each of its Linear layers (override for other work)."""
-        return sum(2 * m.in_features * m.out_features for m in self.modules() if isinstance(m, nn.Linear))
+        return linear_flops(self)
 
 
 declare("ffn", "position-wise feed-forward block", base=FFN, default="gelu", part=True)

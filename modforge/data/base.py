@@ -125,8 +125,8 @@ class DataModule(L.LightningDataModule):
         trainer = self.trainer  # set by Lightning while this datamodule is in use
         if trainer is None:
             return None
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return 0 if done >= trainer.num_training_batches else done  # a whole epoch: the next one starts afresh
+        # a whole epoch: the next one starts afresh
+        return 0 if self._epoch_complete() else trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
 
 def on_cuda(trainer: Any) -> bool:

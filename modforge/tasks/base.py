@@ -109,13 +109,6 @@ class Task(L.LightningModule):
     def count_tokens(self, n: int) -> None:
         self.tokens_seen += int(n)
 
-    def random(self, shape: Any, device: Any) -> torch.Tensor:
-        """Uniform [0, 1) numbers from the task's data stream (drawn on the CPU: the same on every device)."""
-        return torch.rand(shape, generator=self.data_generator).to(device)
-
-    def random_ints(self, low: int, high: int, shape: Any, device: Any) -> torch.Tensor:
-        return torch.randint(low, high, shape, generator=self.data_generator).to(device)
-
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.see(batch)
 

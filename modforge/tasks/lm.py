@@ -1,5 +1,6 @@
 """Language-modelling tasks: ``causal_lm`` (next token) and ``masked_lm`` (BERT-style)."""
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -89,16 +90,15 @@ class MaskedLM(Task):
     metric_ranges = {**Task.metric_ranges, "masked_acc": (0.0, 1.0, "max")}
     data_needs = TOKENS
 
-    def corrupt(self, x: torch.Tensor, generator=None):
-        """-> (inputs, targets): targets are <pad> (ignored) except at the selected positions."""
+    def corrupt(self, x: torch.Tensor, generator: Optional[torch.Generator] = None):
+        """-> (inputs, targets): targets are <pad> (ignored) except at the selected positions. The draws come from
+        ``generator`` (a CPU one; default: the task's data stream, the same masks whatever the model), on the CPU,
+        so that they are the same on every device."""
         c, tok = self.cfg, self.tokenizer
-        if generator is None:  # training: the task's own stream (the same masks whatever the model)
-            u, selected = self.random(x.shape, x.device), self.random(x.shape, x.device) < c.mask_prob
-            random_ids = self.random_ints(tok.n_special, tok.vocab_size, x.shape, x.device)
-        else:
-            u = torch.rand(x.shape, generator=generator, device=x.device)
-            selected = torch.rand(x.shape, generator=generator, device=x.device) < c.mask_prob
-            random_ids = torch.randint(tok.n_special, tok.vocab_size, x.shape, generator=generator, device=x.device)
+        g = self.data_generator if generator is None else generator
+        u = torch.rand(x.shape, generator=g).to(x.device)
+        selected = torch.rand(x.shape, generator=g).to(x.device) < c.mask_prob
+        random_ids = torch.randint(tok.n_special, tok.vocab_size, x.shape, generator=g).to(x.device)
         targets = x.masked_fill(~selected, IGNORE)
         inputs = x.clone()
         inputs[selected & (u < c.replace_mask)] = tok.mask_id
@@ -125,7 +125,7 @@ class MaskedLM(Task):
 
     def validation_step(self, batch, batch_idx):
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        gen = torch.Generator(device=x.device).manual_seed(batch_idx)  # same masks at every evaluation
+        gen = torch.Generator().manual_seed(batch_idx)  # same masks at every evaluation
         logits, targets, acc, n = self._step(x, gen)
         loss = self.xent(logits, targets, smoothing=0.0)
         self.log_mean("val/loss", loss, n, prog_bar=True)  # over the masked tokens
