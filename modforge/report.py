@@ -54,8 +54,8 @@ from typing import Optional
 
 from modforge.cli.command import command
 from modforge.registry import suggest
-from modforge.results.tables import (STATUSES, ReportError, build_tables, load_jobs, select, study_of, to_csv,
-                                     to_json, to_markdown)
+from modforge.results.jobs import STATUSES, ReportError, load_jobs, mark_collapsed, select, study_of
+from modforge.results.tables import build_tables, to_csv, to_json, to_markdown
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where", "margin",
            "collapse_tol", "study", "at")
@@ -135,16 +135,14 @@ def report_command(argv: list) -> None:
     root = Path(a["dir"])
     if not root.is_dir():
         raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")
-    jobs = load_jobs(root, a["collapse_tol"])
+    jobs = load_jobs(root)
     if not jobs:
         raise ReportError(f"{root}: no jobs (no .hydra/overrides.yaml below it)")
     study = study_of(jobs) if a["study"] == "declared" else None
     a["study"] = None
     if study:
-        tol = a["collapse_tol"]
         a = with_study(a, dict(study))
-        if a["collapse_tol"] != tol:
-            jobs = load_jobs(root, a["collapse_tol"])
+    mark_collapsed(jobs, a["collapse_tol"])
     if a["where"]:
         jobs = select(jobs, a)
     tables, shared = build_tables(jobs, a)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from modforge.results import stats
-from modforge.results.tables import Job, summarise
+from modforge.results.jobs import Job
+from modforge.results.tables import summarise
 
 LEVEL = 0.95
 

@@ -22,7 +22,7 @@ except ImportError as e:  # the report still prints and writes its tables
     raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
 
 from modforge.results import stats
-from modforge.results.tables import read_curve
+from modforge.results.jobs import read_curve
 
 
 def label_of(t, r) -> str:
