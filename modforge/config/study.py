@@ -1,21 +1,42 @@
-"""A study's declared hypotheses: the ``study:`` block of an experiment config.
+"""A study's declared hypotheses and design: the ``study:`` block of an experiment config.
 
-Written before any run, carried in every job's config, read by ``python -m modforge.report``: the question,
-the metric and its direction, the baseline, the comparisons that form the family, the equivalence margin, the
-level and the collapse tolerance. Checked here, once, at the pre-flight of ``train`` (before any work) and
-again by ``report``.
+Written before any run, carried in every job's config, read by ``python -m modforge.report`` (the hypotheses)
+and ``python -m modforge.study`` (the design: tuning grid, seeds, ladder, budget). The hypotheses: the
+question, the metric and its direction, the baseline, the comparisons that form the family, the equivalence
+margin, the level and the collapse tolerance. The design: ``tune`` (a grid every arm gets alike), ``seeds``
+(fresh seeds for the comparison, added adaptively), ``sizes`` with ``tokens_per_param`` / ``match`` /
+``target_flops`` / ``transfer`` (a ladder), ``budget`` and ``jobs``. Checked here, once, at the pre-flight of
+``train`` (before any work) and again by ``report`` and ``study``.
 """
 import math
 from typing import Any
 
 from modforge.errors import ConfigError
 
-STUDY_KEYS = {"question": "the question, in words", "metric": "a val metric, e.g. val/loss",
-              "better": "min or max", "baseline": "the baseline's overrides, e.g. norm=layer",
-              "compare": "the family: a list of configurations by their overrides, e.g. [norm=rms, norm=batch]",
+HYPOTHESES = {"question": "the question, in words", "metric": "a val metric, e.g. val/loss",
+              "better": "min or max", "baseline": "the baseline's overrides, e.g. norm=layer (or a mapping, {norm: layer})",
+              "compare": "the family: a list of configurations by their overrides, e.g. [norm=rms, norm=batch] "
+                         "(an arm of several overrides as a mapping, {ffn: mlp, ffn.activation: silu})",
               "margin": "the equivalence margin, a positive number in the metric's units",
               "level": "the family's confidence level in [0.5, 1)",
               "collapse_tol": "nats >= 0: a final val/loss this close to the unigram model's is a collapse"}
+DESIGN = {"tune": "a mapping: params ({key: [values]}, every arm alike), seeds (a list of integers), extend "
+                  "(grid steps added past an edge optimum, an integer >= 0)",
+          "seeds": "a mapping of integers: min (>= 3), max (>= min), step (>= 1), start (the first fresh seed, "
+                   "above every tuning seed)",
+          "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
+                   "[{model.d_model: 64}, {model.d_model: 128}]",
+          "tokens_per_param": "a positive number: each rung trains on this many tokens per non-embedding "
+                              "parameter of its baseline",
+          "match": "tokens (every arm of a rung trains on the same tokens) or flops (on the same training FLOPs)",
+          "target_flops": "a positive number of training FLOPs at which the fitted gap is also given",
+          "transfer": "null (tune at every rung) or the rule that carries the smallest rung's setting up: "
+                      "same, inverse_width",
+          "width_key": "the key whose value is a rung's width for transfer=inverse_width (default model.d_model)",
+          "budget": "a mapping: hours and/or runs, positive numbers; the study refuses a plan that could exceed "
+                    "it unless started with force=true",
+          "jobs": "an integer >= 1: jobs run side by side, each with its share of the cores"}
+STUDY_KEYS = {**HYPOTHESES, **DESIGN}
 
 
 def check_study(block: Any) -> dict:
@@ -23,6 +44,11 @@ def check_study(block: Any) -> dict:
     if not isinstance(block, dict):
         raise ConfigError(f"study={block!r}: a mapping of {', '.join(STUDY_KEYS)}")
     out = dict(block)
+    for key in ("baseline", "compare"):  # an arm may be written as a mapping of overrides: its spec string
+        if isinstance(out.get(key), dict):
+            out[key] = _as_spec(out[key])
+        elif key == "compare" and isinstance(out.get(key), (list, tuple)):
+            out[key] = [_as_spec(v) if isinstance(v, dict) else v for v in out[key]]
     for key, value in out.items():
         if key not in STUDY_KEYS:
             raise ConfigError(f"study.{key}: not a key of a study block; keys: {', '.join(STUDY_KEYS)}")
@@ -41,13 +67,82 @@ def check_study(block: Any) -> dict:
             if not (isinstance(value, (list, tuple)) and value and all(_spec(v) for v in value)):
                 raise bad()
             out[key] = [str(v) for v in value]
-        if key in ("margin", "level", "collapse_tol"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if key in ("margin", "level", "collapse_tol", "tokens_per_param", "target_flops"):
+            if not _number(value):
                 raise bad()
-            if (key == "margin" and value <= 0) or (key == "level" and not 0.5 <= value < 1) or \
-                    (key == "collapse_tol" and value < 0):
+            if (key in ("margin", "tokens_per_param", "target_flops") and value <= 0) or \
+                    (key == "level" and not 0.5 <= value < 1) or (key == "collapse_tol" and value < 0):
                 raise bad()
+        if key == "match" and value not in ("tokens", "flops"):
+            raise bad()
+        if key in ("transfer", "width_key") and not (value is None or (isinstance(value, str) and value.strip())):
+            raise bad()
+        if key == "jobs" and not (_integer(value) and value >= 1):
+            raise bad()
+        if key == "sizes" and not (isinstance(value, (list, tuple)) and value and
+                                   all(isinstance(r, dict) and r for r in value)):
+            raise bad()
+        if key == "budget":
+            if not (isinstance(value, dict) and value and set(value) <= {"hours", "runs"} and
+                    all(_number(v) and v > 0 for v in value.values())):
+                raise bad()
+        if key == "seeds":
+            out[key] = _seeds(value, bad)
+        if key == "tune":
+            out[key] = _tune(value, bad)
+    if "seeds" in out and "tune" in out and max(out["tune"]["seeds"]) >= out["seeds"]["start"]:
+        raise ConfigError(f"study.seeds.start={out['seeds']['start']}: the comparison's seeds must be fresh, above "
+                          f"every tuning seed (study.tune.seeds={out['tune']['seeds']})")
+    if out.get("match") == "flops" and "tokens_per_param" not in out:
+        raise ConfigError("study.match=flops: give study.tokens_per_param too (the baseline's tokens set the FLOPs "
+                          "every arm of a rung trains on)")
+    if out.get("transfer") and "tune" not in out:
+        raise ConfigError(f"study.transfer={out['transfer']}: there is nothing to transfer without study.tune")
     return out
+
+
+def _seeds(value: Any, bad) -> dict:
+    if not (isinstance(value, dict) and set(value) <= {"min", "max", "step", "start"} and
+            all(_integer(v) for v in value.values())):
+        raise bad()
+    s = {"min": 3, "step": 1, "start": 1000, **value}
+    s.setdefault("max", s["min"])
+    if not (s["min"] >= 3 and s["max"] >= s["min"] and s["step"] >= 1 and s["start"] >= 0):
+        raise bad()
+    return s
+
+
+def _tune(value: Any, bad) -> dict:
+    if not (isinstance(value, dict) and set(value) <= {"params", "seeds", "extend"} and "params" in value):
+        raise bad()
+    params = value["params"]
+    if not (isinstance(params, dict) and params and all(_spec(f"{k}=x") and isinstance(v, (list, tuple)) and v and
+                                                         all(isinstance(x, (int, float, str)) for x in v)
+                                                         for k, v in params.items())):
+        raise bad()
+    seeds = value.get("seeds", [1])
+    if not (isinstance(seeds, (list, tuple)) and seeds and all(_integer(s) and s >= 0 for s in seeds)
+            and len(set(seeds)) == len(seeds)):
+        raise bad()
+    extend = value.get("extend", 0)
+    if not (_integer(extend) and extend >= 0):
+        raise bad()
+    return {"params": {str(k): list(v) for k, v in params.items()}, "seeds": list(seeds), "extend": extend}
+
+
+def _as_spec(arm: dict) -> Any:
+    """``{ffn: mlp, ffn.activation: silu}`` -> ``"ffn=mlp,ffn.activation=silu"`` (an empty mapping stays one, refused)."""
+    if not arm:
+        return arm
+    return ",".join(f"{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}" for k, v in arm.items())
+
+
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _integer(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int)
 
 
 def _spec(v: Any) -> bool:
