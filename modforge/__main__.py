@@ -11,6 +11,7 @@ VERBS = {
     "generate": ("modforge.generate", "decode text from a trained or converted checkpoint"),
     "list": ("modforge.catalog", "every kind and option, their parameters and defaults; experiments, trainers"),
     "report": ("modforge.report", "a sweep's tables: means, intervals, differences from a baseline, costs"),
+    "study": ("modforge.study", "a declared study end to end: tuned arms, adaptive seeds, a ladder, one report"),
     "export": ("modforge.export", "a checkpoint as safetensors and config.json, or a Hugging Face directory"),
     "convert": ("modforge.convert", "a Hugging Face model directory (GPT-2, Llama, BERT) as a modforge checkpoint"),
 }

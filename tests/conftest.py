@@ -1,4 +1,8 @@
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -28,3 +32,17 @@ def tiny_overrides(tmp_path=None, steps: int = 1) -> list[str]:
     if tmp_path is not None:
         ov.append(f"hydra.run.dir={tmp_path}")
     return ov
+
+
+def run_module(module: str, cwd: Path, *args: str, fault: str = "", threads: Optional[int] = 1,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m <module> args`` in ``cwd``, its output captured; ``fault``: a ``MODFORGE_FAULT`` for it (and
+    only it); ``threads``: its OMP_NUM_THREADS (None: the machine's)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("MODFORGE_FAULT", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if fault:
+        env["MODFORGE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -17,12 +17,13 @@ PKG = ROOT / "modforge"
 # (floor, room, what it holds); a room is a folder of modforge/ or a top-level module; the commands share the
 # top floor. Floors from the top down; the drawn map in README.md is this table.
 ROOMS = [
-    (12, "train.py generate.py catalog.py report.py export.py convert.py __main__.py",
+    (12, "train.py generate.py catalog.py report.py study.py export.py convert.py __main__.py",
      "the commands: python -m modforge.<module>, python -m modforge <verb>, modforge <verb>"),
     (11, "cli/", "what commands share: one-line errors, train's help and Tab completion, the registry as cached "
                  "data, the pre-flight of every job, resume= on the command line"),
-    (10, "sweeps/", "the sweeper (plans each job from its directory), one job inside Hydra, the files between "
-                    "command and sweeper, the gpus/ray launchers, GPU slots, cluster settings"),
+    (10, "sweeps/ studies/", "the sweeper (plans each job from its directory), one job inside Hydra, the files "
+                             "between command and sweeper, the gpus/ray launchers, GPU slots, cluster settings; a "
+                             "study's design, stages, tuning, adaptive seeds, ladder fits and report"),
     (9, "results/", "a sweep's tables, statistics and plots (no Lightning, no Hydra)"),
     (8, "run/", "one run's story in named steps, run directories and locks, resume and init_from rules, DDP rank "
                 "decisions, callbacks, progress and loggers, final measurements"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_overrides
+from conftest import run_module, tiny_overrides
 from modforge.config import compose
 from modforge.run.story import run
 
@@ -22,12 +22,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.limi
 
 
 def train(cwd: Path, *args: str, fault: str = "", timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.pop("MODFORGE_FAULT", None)
-    if fault:
-        env["MODFORGE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "modforge.train", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return run_module("modforge.train", cwd, *args, fault=fault, timeout=timeout)
 
 
 def strict_json(path: Path) -> dict:

@@ -1,0 +1,169 @@
+"""A study's design, read from its experiment's ``study:`` block and the command line: the arms (the baseline and
+the configurations compared with it), the rungs of the ladder, the tuning grid and seeds, the comparison's
+seeds and looks, the budget. Checked whole, in one line per mistake, before any run."""
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from modforge.config.study import check_study
+from modforge.errors import ConfigError
+from modforge.studies import sequential, tuning
+
+
+@dataclass
+class Design:
+    experiment: str
+    overrides: list  # the command line's, applied to every job
+    study: dict  # the checked block
+    arms: dict  # name (its spec, e.g. "norm=rms") -> {key: value}
+    baseline: str
+    rungs: dict  # name -> {key: value}, smallest first ({"": {}} without a ladder)
+    grid: dict = field(default_factory=dict)  # {key: [values]}: the tuning grid ({} without tuning)
+    tune_seeds: list = field(default_factory=list)
+    extend: int = 0
+    seeds: dict = field(default_factory=dict)  # min, max, step, start
+    looks: list = field(default_factory=list)
+    jobs: int = 1
+    base: dict = field(default_factory=dict)  # the composed config's max_steps, val_check_interval, eval_at_start
+
+    def setting_of(self, arm: str, rung: str, key: str):
+        """A config value as a job of this arm and rung has it: the arm's or rung's override, else the config's."""
+        ov = {**self.arms[arm], **self.rungs[rung]}
+        for k in (key, key.split(".")[-1]):
+            if k in ov:
+                return _parsed(ov[k])
+        return self.base.get(key.split(".")[-1])
+
+    @property
+    def metric(self) -> str:
+        return self.study.get("metric", "val/loss")
+
+    @property
+    def better(self) -> str:
+        return self.study.get("better", "min")
+
+    @property
+    def level(self) -> float:
+        return float(self.study.get("level", 0.95))
+
+    @property
+    def margin(self) -> Optional[float]:
+        m = self.study.get("margin")
+        return None if m is None else float(m)
+
+    @property
+    def compared(self) -> list:
+        return [a for a in self.arms if a != self.baseline]
+
+    @property
+    def family(self) -> int:
+        """Members of the family: every comparison at every rung."""
+        return len(self.compared) * len(self.rungs)
+
+    @property
+    def transfer(self) -> Optional[str]:
+        return self.study.get("transfer")
+
+    @property
+    def tuned_rungs(self) -> list:
+        """The rungs tuned on: every one, or the smallest with a transfer rule."""
+        return list(self.rungs)[:1] if self.transfer else list(self.rungs)
+
+
+def parse_spec(spec: str) -> dict:
+    return dict(p.split("=", 1) for p in spec.split(","))
+
+
+def rung_name(overrides: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def _parsed(v):
+    """An override's value as YAML reads it (``"400"`` -> 400)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(str(v))
+    except yaml.YAMLError:
+        return v
+
+
+def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Optional[int] = None,
+              base: Optional[dict] = None) -> Design:
+    """The design, or one line naming what is missing or wrong."""
+    if not block:
+        raise ConfigError(f"experiment={experiment}: it declares no study: block (question, metric, baseline, "
+                          "compare, ...: docs/studies.md)")
+    s = check_study(block)
+    for key in ("baseline", "compare"):
+        if key not in s:
+            raise ConfigError(f"study.{key}: missing in experiment={experiment}; a study compares declared arms "
+                              f"({'the baseline, e.g. norm=layer' if key == 'baseline' else 'e.g. [norm=rms]'})")
+    arms = {s["baseline"]: parse_spec(s["baseline"])}
+    for spec in s["compare"]:
+        if spec in arms:
+            raise ConfigError(f"study.compare: {spec} is listed twice (or is the baseline)")
+        arms[spec] = parse_spec(spec)
+    rungs = {rung_name(r): {str(k): v for k, v in r.items()} for r in s.get("sizes") or [{}]}
+    if len(rungs) != len(s.get("sizes") or [{}]):
+        raise ConfigError("study.sizes: two rungs are the same")
+    tune = s.get("tune") or {}
+    grid = tune.get("params") or {}
+    seeds = s.get("seeds") or {"min": 3, "max": 3, "step": 1, "start": 1000}
+    jobs = jobs if jobs is not None else int(s.get("jobs", default_jobs()))
+    if jobs < 1:
+        raise ConfigError(f"jobs={jobs}: an integer >= 1 (jobs side by side)")
+    d = Design(experiment, list(overrides), s, arms, s["baseline"], rungs, grid, list(tune.get("seeds") or []),
+               int(tune.get("extend", 0)), seeds, sequential.looks(seeds["min"], seeds["max"], seeds["step"]), jobs,
+               dict(base or {}))
+    check_keys(d)
+    if d.transfer and d.transfer not in tuning.TRANSFER:
+        raise ConfigError(f"study.transfer={d.transfer}: a transfer rule; rules: {', '.join(tuning.TRANSFER)}")
+    if "tokens_per_param" in s and len(rungs) == 1 and not s.get("sizes"):
+        pass  # one size with a token budget: allowed (a compute-matched comparison at one size)
+    return d
+
+
+# keys the runner sets in every job: the command line may not set them too
+RUNNER_KEYS = ("seed", "trainer.max_steps", "trainer.val_check_interval")
+
+
+def check_keys(d: Design) -> None:
+    """No key set twice: by an arm and a rung, by the grid and either, by the command line and the runner."""
+    grid_keys = set(d.grid)
+    for arm, ov in d.arms.items():
+        for rung, rv in d.rungs.items():
+            both = set(ov) & set(rv)
+            if both:
+                raise ConfigError(f"study.sizes: rung {rung} sets {', '.join(sorted(both))}, which arm {arm} sets too")
+        if set(ov) & grid_keys:
+            raise ConfigError(f"study.tune.params: {', '.join(sorted(set(ov) & grid_keys))} is set by arm {arm}; "
+                              "an arm cannot fix what every arm is tuned on")
+    for rung, rv in d.rungs.items():
+        if set(rv) & grid_keys:
+            raise ConfigError(f"study.tune.params: {', '.join(sorted(set(rv) & grid_keys))} is set by rung {rung}")
+    fixed = set(RUNNER_KEYS) | grid_keys | {k for ov in d.arms.values() for k in ov} | \
+        {k for rv in d.rungs.values() for k in rv}
+    for o in d.overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if ("=" not in o and not o.startswith("~")) or key.startswith("hydra"):
+            raise ConfigError(f"{o}: give the study overrides of the config (key=value), not Hydra's or a sweep's")
+        value = o.split("=", 1)[1] if "=" in o else ""
+        if "," in value and not value.startswith(("[", "{", "'", '"')) and not key.startswith("study."):
+            raise ConfigError(f"{o}: a sweep; the study decides its jobs (declare arms in study.compare, a grid in "
+                              "study.tune.params)")
+        if key in fixed:
+            raise ConfigError(f"{o}: the study sets {key} in every job (an arm, a rung, the tuning grid, or the "
+                              f"runner: {', '.join(RUNNER_KEYS)}); change it in the experiment's study: block")
+
+
+def default_jobs() -> int:
+    """Jobs side by side when the study does not say: 2 on a machine of 2 or more cores (measured: docs/studies.md),
+    else 1."""
+    import os
+
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

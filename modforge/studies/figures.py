@@ -1,0 +1,100 @@
+"""A study's plots (matplotlib, the optional ``report`` extra): each arm's tuning curve at each tuned rung, and each
+arm's metric against training compute on log axes with its fitted power law."""
+import math
+from pathlib import Path
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError as e:
+    raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
+
+from modforge.studies.design import Design
+
+
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def tuning_plot(d: Design, rec: dict, out: Path) -> list:
+    rows = rec["tuning"]
+    if not rows:
+        return []
+    key = next(iter(d.grid))
+    rungs = list(dict.fromkeys(r["rung"] for r in rows))
+    fig, axes = plt.subplots(1, len(rungs), figsize=(5.5 * len(rungs), 4), dpi=120, squeeze=False)
+    for ax, rung in zip(axes[0], rungs):
+        failed: dict = {}
+        for i, arm in enumerate(d.arms):
+            mine = sorted([r for r in rows if r["rung"] == rung and r["arm"] == arm],
+                          key=lambda r: _num(r["setting"][key]))
+            if not mine:
+                continue
+            xs = [_num(r["setting"][key]) for r in mine]
+            line, = ax.plot(xs, [r["mean"] for r in mine], marker="o", linestyle=["-", "--", "-.", ":"][i % 4],
+                            label=arm + (" (baseline)" if arm == d.baseline else ""))
+            failed[line.get_color()] = [x for r, x in zip(mine, xs) if not math.isfinite(r["mean"])]
+            for r, x in zip(mine, xs):
+                ax.scatter([x] * len(r["values"]), [v if math.isfinite(v) else math.nan for v in r["values"]],
+                           s=8, color=line.get_color(), alpha=0.4)
+                if r["chosen"]:
+                    ax.scatter([x], [r["mean"]], s=160, marker="*", color=line.get_color(), zorder=5)
+        top = ax.get_ylim()[1]
+        for color, xs in failed.items():  # a setting with a failed run (diverged, collapsed): an x at the top
+            ax.scatter(xs, [top] * len(xs), marker="x", s=50, color=color, clip_on=False)
+        if any(failed.values()):
+            ax.text(0.01, 0.99, "x: a run diverged or collapsed", transform=ax.transAxes, fontsize=7, va="top")
+        if all(_num(r["setting"][key]) > 0 for r in rows):
+            ax.set_xscale("log")
+        ax.set_xlabel(key + (" (other keys at each arm's choice)" if len(d.grid) > 1 else ""))
+        ax.set_ylabel(d.metric)
+        ax.set_title(f"tuning at {rung or 'the config'} (★ chosen)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, out, "tuning.png")
+
+
+def ladder_plot(d: Design, rec: dict, out: Path) -> list:
+    lad = rec["ladder"]
+    if not lad:
+        return []
+    fig, ax = plt.subplots(figsize=(6.5, 4.5), dpi=120)
+    for i, arm in enumerate(d.arms):
+        pts = sorted((lad["compute"][arm][a["rung"]], a["mean"], a["low"], a["high"]) for a in rec["arms"]
+                     if a["arm"] == arm and math.isfinite(a["mean"]))
+        if not pts:
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        err = [[max(0.0, p[1] - p[2]) if math.isfinite(p[2]) else 0.0 for p in pts],
+               [max(0.0, p[3] - p[1]) if math.isfinite(p[3]) else 0.0 for p in pts]]
+        bar = ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=arm + (" (baseline)" if arm == d.baseline else ""))
+        f = lad["fits"].get(arm)
+        if f:
+            hi = max(xs + ([lad["target_flops"]] if lad["target_flops"] else []))
+            grid = [min(xs) * (hi / min(xs)) ** (k / 60) for k in range(61)]
+            ax.plot(grid, [f["E"] + f["A"] * (c / f["c_ref"]) ** (-f["alpha"]) for c in grid],
+                    linestyle=["-", "--", "-.", ":"][i % 4], color=bar[0].get_color(), alpha=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel(d.metric)
+    ax.set_title("metric against compute; lines: L = E + A (C/C0)^-alpha", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, out, "ladder.png")
+
+
+def _save(fig, out: Path, name: str) -> list:
+    fig.tight_layout()
+    fig.savefig(out / name)
+    plt.close(fig)
+    return [name]
+
+
+def write(d: Design, rec: dict, out: Path) -> list:
+    return tuning_plot(d, rec, out) + ladder_plot(d, rec, out)

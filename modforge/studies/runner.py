@@ -1,0 +1,285 @@
+"""A study from its declaration to its report: measure, plan, tune every arm alike, compare on fresh seeds added
+where the answer is still open, fit the ladder, write ``study.md``.
+
+Directory (``studies/<experiment>`` unless ``dir=``)::
+
+    study.json            the command that started it, each stage's wall time, the plan as printed
+    probe/                a short run of each arm at each rung: parameters, FLOPs per token, tokens/s
+    tune/round-0/         stage one: every arm x rung x setting x tuning seed
+    tune/extend-<i>/      a grid extended past an edge optimum
+    compare/round-<j>/    stage two, look j: the arms still undecided (and the baseline) on fresh seeds
+    study.md, study.json, tuning.png, ladder.png   the report (:mod:`modforge.studies.writeup`)
+
+Every stage is a sweep whose jobs are decided once and kept (``cells.json``): re-running the command skips what
+ended, resumes what was cut short, and decides nothing twice.
+"""
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from modforge.errors import ConfigError
+from modforge.studies import sequential, tuning
+from modforge.studies.design import Design
+from modforge.studies.stages import Cell, read_stage, run_seconds, run_stage, stage_cells
+
+
+@dataclass
+class Plan:
+    steps: dict  # (arm, rung) -> training steps
+    val_every: dict  # (arm, rung) -> validation interval in steps (None: the config's, not in steps)
+    seconds: dict  # (arm, rung) -> one run's estimated seconds (without start-up)
+    flops: dict  # (arm, rung) -> one run's training FLOPs
+    runs: dict = field(default_factory=dict)  # "tune", "extend", "compare_min", "compare_max" -> runs
+    hours: dict = field(default_factory=dict)  # "least", "most" -> estimated hours
+    total_flops: dict = field(default_factory=dict)  # "least", "most"
+    startup: float = 0.0
+
+
+def make_plan(d: Design, p: dict) -> Plan:
+    s = d.study
+    steps, val_every = {}, {}
+    for rung in d.rungs:
+        base = p[(d.baseline, rung)]
+        tokens = s["tokens_per_param"] * base["params_non_embedding"] if "tokens_per_param" in s else None
+        for arm in d.arms:
+            me = p[(arm, rung)]
+            if tokens is None:
+                n = d.setting_of(arm, rung, "trainer.max_steps")
+                if not isinstance(n, int) or n < 1:
+                    raise ConfigError(f"trainer.max_steps={n}: a study without study.tokens_per_param trains each "
+                                      "run for trainer.max_steps; give a number of steps (or tokens_per_param)")
+            elif s.get("match", "tokens") == "flops":
+                n = round(tokens * base["flops_per_token"] / (me["flops_per_token"] * me["tokens_per_step"]))
+            else:
+                n = round(tokens / me["tokens_per_step"])
+            steps[(arm, rung)] = max(1, int(n))
+            v = d.setting_of(arm, rung, "trainer.val_check_interval")
+            val_every[(arm, rung)] = min(int(v), steps[(arm, rung)]) if isinstance(v, int) and not isinstance(v, bool) \
+                else None
+    seconds = {k: run_seconds(p[k], n, val_every[k], bool(d.setting_of(k[0], k[1], "eval_at_start"))) for k, n in steps.items()}
+    flops = {k: n * p[k]["tokens_per_step"] * p[k]["flops_per_token"] for k, n in steps.items()}
+    plan = Plan(steps, val_every, seconds, flops, startup=max(v["startup_seconds"] for v in p.values()))
+    n_set = len(tuning.settings(d.grid)) if d.grid else 0
+    tuned = [(a, r) for r in d.tuned_rungs for a in d.arms] if d.grid else []
+    each = [(a, r) for r in d.rungs for a in d.arms]
+    ts = len(d.tune_seeds)
+    plan.runs = {"tune": len(tuned) * n_set * ts, "extend": len(tuned) * d.extend * len(d.grid) * ts,
+                 "compare_min": len(each) * d.seeds["min"], "compare_max": len(each) * d.seeds["max"]}
+    tune_s = sum(seconds[k] for k in tuned) * n_set * ts
+    ext_s = sum(seconds[k] for k in tuned) * d.extend * len(d.grid) * ts
+    lo_s = sum(seconds[k] for k in each) * d.seeds["min"]
+    hi_s = sum(seconds[k] for k in each) * d.seeds["max"]
+    tune_f = sum(flops[k] for k in tuned) * n_set * ts
+    ext_f = sum(flops[k] for k in tuned) * d.extend * len(d.grid) * ts
+    plan.total_flops = {"least": tune_f + sum(flops[k] for k in each) * d.seeds["min"],
+                        "most": tune_f + ext_f + sum(flops[k] for k in each) * d.seeds["max"]}
+    least_runs = plan.runs["tune"] + plan.runs["compare_min"]
+    most_runs = least_runs + plan.runs["extend"] + plan.runs["compare_max"] - plan.runs["compare_min"]
+    stages_lo = (1 if d.grid else 0) + 1
+    stages_hi = (1 + d.extend if d.grid else 0) + len(d.looks)
+    plan.hours = {"least": wall(tune_s + lo_s, least_runs, stages_lo, d.jobs, plan.startup) / 3600,
+                  "most": wall(tune_s + ext_s + hi_s, most_runs, stages_hi, d.jobs, plan.startup) / 3600}
+    return plan
+
+
+def wall(seconds: float, runs: int, stages: int, jobs: int, startup: float) -> float:
+    """Side by side, every job is its own process (start-up each); one at a time, a stage starts once."""
+    if jobs > 1:
+        return (seconds + runs * startup) / jobs
+    return seconds + stages * startup
+
+
+def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
+    from modforge.results.tables import fmt_count
+
+    lines = [f"study {d.experiment}: {d.study.get('question', '(no question declared)')}",
+             f"  directory {study_dir}; {d.jobs} job{'s' * (d.jobs > 1)} side by side",
+             f"  arms: {d.baseline} (baseline), {', '.join(d.compared)}; metric {d.metric} ({d.better}); "
+             f"level {d.level:g}" + (f"; margin ±{d.margin:g}" if d.margin is not None else "; no margin declared"),
+             ""]
+    labels = {(arm, rung): f"{rung or 'the config'} / {arm}" for rung in d.rungs for arm in d.arms}
+    w = max(len("rung / arm"), *(len(v) for v in labels.values()))
+    lines.append(f"  {'rung / arm':<{w}}  params(non-emb)  steps     tokens  train FLOPs  s/run")
+    for k, label in labels.items():
+        lines.append(f"  {label:<{w}}  {fmt_count(p[k]['params_non_embedding']):>15}  {plan.steps[k]:>5}  "
+                     f"{fmt_count(plan.steps[k] * p[k]['tokens_per_step']):>9}  {plan.flops[k]:>11.3g}  "
+                     f"{plan.seconds[k]:>5.1f}")
+    r = plan.runs
+    if d.grid:
+        lines.append(f"\n  stage 1, tuning: {len(d.arms)} arms x {len(d.tuned_rungs)} rung(s) x "
+                     f"{len(tuning.settings(d.grid))} settings of {', '.join(d.grid)} x {len(d.tune_seeds)} seeds = "
+                     f"{r['tune']} runs (+ at most {r['extend']} if edge optima are extended)"
+                     + (f"; settings carried up by transfer={d.transfer}" if d.transfer else ""))
+    lines.append(f"  stage 2, comparison: fresh seeds from {d.seeds['start']}, looks at {d.looks} pairs: "
+                 f"{r['compare_min']} to {r['compare_max']} runs; {d.family} comparisons in the family")
+    lines.append(f"  in all: {r['tune'] + r['compare_min']} to {r['tune'] + r['extend'] + r['compare_max']} runs, "
+                 f"{plan.total_flops['least']:.3g} to {plan.total_flops['most']:.3g} training FLOPs, about "
+                 f"{duration(plan.hours['least'])} to {duration(plan.hours['most'])} here (measured: "
+                 f"{fmt_count(p[(d.baseline, list(d.rungs)[0])]['tokens_per_sec'])} tokens/s for the baseline"
+                 f"{' at the smallest rung' if len(d.rungs) > 1 else ''}, start-up {plan.startup:.1f} s per process)")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def duration(hours: float) -> str:
+    s = hours * 3600
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 5400 else f"{hours:.1f} h"
+
+
+def check_budget(d: Design, plan: Plan, force: bool) -> Optional[str]:
+    """One line when the plan's worst case exceeds the declared budget (None when within, or forced)."""
+    budget = d.study.get("budget") or {}
+    most_runs = plan.runs["tune"] + plan.runs["extend"] + plan.runs["compare_max"]
+    over = []
+    if "hours" in budget and plan.hours["most"] > budget["hours"]:
+        over.append(f"study.budget.hours={budget['hours']:g}: the plan could take {plan.hours['most']:.2f} h")
+    if "runs" in budget and most_runs > budget["runs"]:
+        over.append(f"study.budget.runs={budget['runs']:g}: the plan could take {most_runs} runs")
+    if not over:
+        return None
+    msg = "; ".join(over) + " (at most seeds, every edge extended)"
+    if force:
+        print(f"[study] over budget, started anyway (force=true): {msg}", flush=True)
+        return msg
+    raise ConfigError(f"{msg}; lower study.seeds.max or study.tune.extend, shrink the grid or the ladder, raise the "
+                      "budget, or start with force=true")
+
+
+def cell(d: Design, plan: Plan, arm: str, rung: str, setting: dict, seed: int) -> Cell:
+    ov = {**d.arms[arm], **d.rungs[rung], **setting, "trainer.max_steps": plan.steps[(arm, rung)], "seed": seed}
+    if plan.val_every[(arm, rung)] is not None:
+        ov["trainer.val_check_interval"] = plan.val_every[(arm, rung)]
+    return Cell(arm, rung, tuning.key_of(setting), seed, ov)
+
+
+def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
+    """Stage one. -> {"chosen": {(arm, rung): setting | None}, "curves": {(arm, rung): {key: [values]}},
+    "edges": {(arm, rung): {key: side}}, "grids": ..., "settings": {key: setting}, "transferred": bool}."""
+    if not d.grid:
+        return {"chosen": {(a, r): {} for a in d.arms for r in d.rungs}, "curves": {}, "edges": {}, "grids": {},
+                "settings": {}, "runs": 0}
+    grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs}
+    curves: dict = {k: {} for k in grids}
+    known: dict = {}
+    runs = 0
+
+    def absorb(stage: Path, cells: list) -> None:
+        nonlocal runs
+        for c in cells:
+            s = {k: c.overrides[k] for k in d.grid}
+            known[c.setting] = s
+            for k, v in s.items():
+                g = grids[(c.arm, c.rung)][k]
+                if not any(tuning._same(v, x) for x in g):
+                    g.append(v)
+        for res in read_stage(d, stage, cells):
+            c = res["cell"]
+            curves[(c.arm, c.rung)].setdefault(c.setting, []).append(res["value"])
+            runs += 1
+
+    first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms for s in tuning.settings(d.grid)
+             for seed in d.tune_seeds]
+    stage = study_dir / "tune" / "round-0"
+    cells = stage_cells(stage, lambda: first)
+    run_stage(d, stage, cells, d.jobs, log)
+    absorb(stage, cells)
+    for i in range(1, d.extend + 1):
+        def more() -> list:
+            out = []
+            for (a, r), results in curves.items():
+                best = tuning.choose(results, d.better)
+                if best is None:
+                    continue
+                for k, side in tuning.edges(known[best], grids[(a, r)]).items():
+                    v = tuning.beyond(grids[(a, r)][k], side)
+                    if v is not None and not any(tuning._same(v, x) for x in grids[(a, r)][k]):
+                        out += [cell(d, plan, a, r, {**known[best], k: v}, seed) for seed in d.tune_seeds]
+            return out
+
+        stage = study_dir / "tune" / f"extend-{i}"
+        cells = stage_cells(stage, more)
+        if not cells:
+            break
+        run_stage(d, stage, cells, d.jobs, log)
+        absorb(stage, cells)
+    chosen, edge = {}, {}
+    for (a, r), results in curves.items():
+        best = tuning.choose(results, d.better)
+        chosen[(a, r)] = None if best is None else known[best]
+        edge[(a, r)] = {} if best is None else tuning.edges(known[best], grids[(a, r)])
+    small = d.tuned_rungs[0]
+    for r in d.rungs:
+        if r in d.tuned_rungs:
+            continue
+        rule = tuning.TRANSFER[d.transfer]
+        for a in d.arms:
+            got = chosen[(a, small)]
+            chosen[(a, r)] = None if got is None else rule(got, d.rungs[small], d.rungs[r],
+                                                           d.study.get("width_key", "model.d_model"))
+    return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs}
+
+
+def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, log: dict) -> dict:
+    """Stage two: fresh seeds, looks at the planned numbers of pairs, more seeds only where a comparison is open.
+    -> {"values": {(arm, rung): {seed: value}}, "results": [...], "decisions": {(arm, rung): Decision | str},
+    "rounds": [[(arm, rung), ...] per round], "runs": n}."""
+    values: dict = {(a, r): {} for a in d.arms for r in d.rungs}
+    results: list = []
+    decisions: dict = {}
+    for r in d.rungs:
+        if chosen.get((d.baseline, r), {}) is None:
+            for a in d.compared:
+                decisions[(a, r)] = "the baseline has no setting that trained (every tuning run diverged or collapsed)"
+        for a in d.compared:
+            if chosen.get((a, r), {}) is None and (a, r) not in decisions:
+                decisions[(a, r)] = "no setting that trained (every tuning run diverged or collapsed)"
+    rounds = []
+    have = 0
+    span = math.inf
+    for j, n in enumerate(d.looks):
+        open_ = [(a, r) for r in d.rungs for a in d.compared if (a, r) not in decisions or
+                 (not isinstance(decisions[(a, r)], str) and not decisions[(a, r)].final)]
+        if not open_:
+            break
+        todo = sorted({*open_, *((d.baseline, r) for _, r in open_)},
+                      key=lambda k: (list(d.rungs).index(k[1]), list(d.arms).index(k[0])))
+        seeds = range(d.seeds["start"] + have, d.seeds["start"] + n)
+        stage = study_dir / "compare" / f"round-{j + 1}"
+        cells = stage_cells(stage, lambda: [cell(d, plan, a, r, chosen[(a, r)], s) for (a, r) in todo for s in seeds])
+        run_stage(d, stage, cells, d.jobs, log)
+        for res in read_stage(d, stage, cells):
+            c = res["cell"]
+            values[(c.arm, c.rung)][c.seed] = res["value"]
+            results.append(res)
+            info = (res["metrics"].get("metric_info") or {}).get(d.metric) or {}
+            if info.get("low") is not None and info.get("high") is not None:
+                span = float(info["high"]) - float(info["low"])
+        rounds.append(sorted({(c.arm, c.rung) for c in cells}))
+        have = n
+        for a, r in open_:
+            decisions[(a, r)] = sequential.decide(values[(a, r)], values[(d.baseline, r)], d.looks, d.level,
+                                                  d.family, d.better, d.margin, span, last=j == len(d.looks) - 1)
+    return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results)}
+
+
+def check_same_study(d: Design, state: dict, study_dir: Path) -> None:
+    """A study directory answers one declared study: a different block or command line needs a new ``dir=``."""
+    if not state:
+        return
+
+    def design(block: dict) -> dict:  # what decides the runs and their answers (not the budget, not the pace)
+        return {k: v for k, v in block.items() if k not in ("budget", "jobs")}
+
+    def command(overrides: list) -> list:
+        return [o for o in overrides if not o.lstrip("+~").startswith(("study.budget", "study.jobs"))]
+
+    import json
+
+    for key, then, now in (("experiment", state.get("experiment"), d.experiment),
+                           ("overrides", command(state.get("overrides", [])), command(d.overrides)),
+                           ("study", design(state.get("study", {})), design(json.loads(json.dumps(d.study))))):
+        if key in state and then != now:
+            raise ConfigError(f"{study_dir}: it holds a study started with another {key} ({then!r}, now "
+                              f"{now!r}); give a new dir= (a study's design is fixed before its results)")

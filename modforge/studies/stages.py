@@ -1,0 +1,162 @@
+"""A study's stages as sweeps: each stage (the probe, a tuning round, a comparison round) is one sweep of
+``python -m modforge.train -m`` in its own directory under the study's, its jobs listed as cells (one per job,
+every override explicit) and kept in ``cells.json`` before anything runs. Re-running a stage is re-running its
+sweep: finished jobs are skipped, interrupted ones resume from their last checkpoint (:mod:`modforge.sweeps`).
+What a stage's jobs ended as is read back with :mod:`modforge.results.jobs`."""
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from modforge.config.overrides import hydra_value
+from modforge.errors import ModforgeError
+from modforge.results.jobs import load_jobs, mark_collapsed, metric_value
+from modforge.studies.design import Design
+from modforge.utils.files import read_json, write_json
+
+PROBE_STEPS = 30
+
+
+class StudyStopped(ModforgeError):
+    """A stage that did not end: its jobs failed or it was interrupted. Re-running the command continues."""
+
+
+@dataclass
+class Cell:
+    """One job of a stage: what it is in the study, and its overrides."""
+
+    arm: str
+    rung: str
+    setting: str  # the tuning setting's key ("" for the config's own)
+    seed: int
+    overrides: dict
+
+    def record(self) -> dict:
+        return {"arm": self.arm, "rung": self.rung, "setting": self.setting, "seed": self.seed,
+                "overrides": self.overrides}
+
+
+def cells_argument(cells: list[Cell]) -> str:
+    """``hydra.sweeper.cells=[{k:'v',...},...]``: every value quoted, so the override grammar reads it as given."""
+    def q(v) -> str:
+        s = "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
+        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return "[" + ",".join("{" + ",".join(f"{k}:{q(v)}" for k, v in c.overrides.items()) + "}" for c in cells) + "]"
+
+
+def stage_cells(stage_dir: Path, make) -> list[Cell]:
+    """The stage's cells as first decided (``cells.json``), or ``make()``'s, now kept there."""
+    kept = read_json(stage_dir / "cells.json")
+    if kept is not None:
+        return [Cell(**c) for c in kept["cells"]]
+    cells = make()
+    if cells:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        write_json(stage_dir / "cells.json", {"cells": [c.record() for c in cells]})
+    return cells
+
+
+def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, log: dict) -> None:
+    """Run the stage's sweep (a subprocess; its console is this one's) unless every job already ended; stop the
+    study in one line when a job failed or the sweep was interrupted."""
+    if not cells:
+        return
+    results = read_stage(d, stage_dir, cells)
+    if all(r["status"] in ("finished", "collapsed", "diverged") for r in results):
+        return
+    cmd = [sys.executable, "-m", "modforge.train", "-m", f"experiment={d.experiment}", *d.overrides,
+           f"hydra.sweep.dir={hydra_value(str(stage_dir))}", "hydra.sweeper.params=null",
+           f"hydra.sweeper.cells={cells_argument(cells)}"]
+    if jobs > 1:
+        cmd += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]
+    print(f"[study] {'/'.join(stage_dir.parts[-2:]) if stage_dir.name != 'probe' else 'probe'}: {len(cells)} jobs "
+          f"({sum(r['status'] in ('finished', 'collapsed', 'diverged') for r in results)} ended before)", flush=True)
+    t0 = time.time()
+    code = subprocess.call(cmd)
+    log[str(stage_dir)] = log.get(str(stage_dir), 0.0) + time.time() - t0
+    results = read_stage(d, stage_dir, cells)
+    failed = [r for r in results if r["status"] not in ("finished", "collapsed", "diverged")]
+    if code in (130, 143) or code < 0:
+        raise StudyStopped(f"{stage_dir}: interrupted; run the same command again to continue where it stopped")
+    if failed and code == 2 and all(r["status"] == "unfinished" for r in results):
+        raise StudyStopped(f"{stage_dir}: the sweep did not start (its error is above); fix it and run the same "
+                           "command again")
+    if failed:
+        r = failed[0]
+        raise StudyStopped(f"{stage_dir}: {len(failed)} of {len(cells)} jobs did not end ({r['name']}: {r['status']}"
+                           f"{': ' + r['error'] if r.get('error') else ''}); fix the cause and run the same command "
+                           "again (failed jobs run again with retry_failed=true)")
+
+
+def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
+    """Each cell's job as it stands: {"cell", "status", "value", "metrics", "name", "error"} in cell order."""
+    by_num = {}
+    if stage_dir.is_dir():
+        jobs = load_jobs(stage_dir)
+        mark_collapsed(jobs, float(d.study.get("collapse_tol", 0.02)))
+        for j in jobs:
+            head = j.name.split("_", 1)[0]
+            if head.isdigit():
+                by_num[int(head)] = j
+    out = []
+    for i, c in enumerate(cells):
+        j = by_num.get(i)
+        status = j.status if j is not None else "unfinished"
+        value = metric_value(j.metrics, d.metric) if j is not None and status == "finished" else math.nan
+        out.append({"cell": c, "status": status, "value": value, "metrics": (j.metrics or {}) if j else {},
+                    "name": j.name if j else f"#{i}", "error": j.error if j else None})
+    return out
+
+
+def probe(d: Design, study_dir: Path, log: dict) -> dict:
+    """A short run of every arm at every rung (``PROBE_STEPS`` steps, the config's own settings), as the study's
+    jobs will run (side by side when they will): {(arm, rung): what it measured}."""
+    cells = stage_cells(study_dir / "probe", lambda: [
+        Cell(arm, rung, "", 0, {**d.arms[arm], **rv, "trainer.max_steps": PROBE_STEPS, "seed": 0,
+                                "eval_at_start": False, "sample": False})
+        for rung, rv in d.rungs.items() for arm in d.arms])
+    print(f"[study] measuring this machine: {len(cells)} runs of {PROBE_STEPS} steps (each arm at each size)",
+          flush=True)
+    run_stage(d, study_dir / "probe", cells, d.jobs, log)
+    out = {}
+    for r in read_stage(d, study_dir / "probe", cells):
+        m, c = r["metrics"], r["cell"]
+        sec = m.get("session_seconds") or {}
+        steps = max(int(m.get("steps") or PROBE_STEPS), 1)
+        out[(c.arm, c.rung)] = {
+            "params": float(m.get("params") or math.nan),
+            "params_non_embedding": float(m.get("params_non_embedding") or math.nan),
+            "flops_per_token": float(m.get("train_flops_per_token") or math.nan),
+            "tokens_per_step": float(m.get("tokens_seen") or math.nan) / steps,
+            "tokens_per_sec": float(m.get("tokens_per_sec") or math.nan),
+            "eval_seconds": float(sec.get("final_eval") or 0.0),
+            "overhead_seconds": sum(float(sec.get(k) or 0.0) for k in ("setup", "data", "model", "trainer",
+                                                                       "fit_other", "sample")),
+            "startup_seconds": float(sec.get("before_run") or 0.0),
+        }
+    return out
+
+
+def run_seconds(p: dict, steps: int, val_every: Optional[int], eval_at_start: bool) -> float:
+    """One run's estimated wall time from the probe's measurements: its steps at the measured tokens/s, its
+    validations at the measured time of one, and the per-run work around them (start-up not included)."""
+    evals = 1 + int(eval_at_start) + (steps // val_every if val_every else 0)
+    return steps * p["tokens_per_step"] / p["tokens_per_sec"] + evals * p["eval_seconds"] + p["overhead_seconds"]
+
+
+def read_log(study_dir: Path) -> dict:
+    return read_json(study_dir / "study.json") or {}
+
+
+def write_log(study_dir: Path, state: dict) -> None:
+    study_dir.mkdir(parents=True, exist_ok=True)
+    write_json(study_dir / "study.json", state)
+
+
+def dumps(x) -> str:
+    return json.dumps(x, sort_keys=True)

@@ -1,0 +1,246 @@
+"""A study's report: ``study.md`` (the question, what was declared, the plan as printed, the tuning curves, the
+verdicts in four words with their numbers, the ladder and its fits, the runs spent against the fixed design, the
+warnings), ``study.json`` (the same, as data) and the plots (``tuning.png``, ``ladder.png``; matplotlib, the
+optional ``report`` extra)."""
+import math
+import statistics
+from pathlib import Path
+
+from modforge.results import stats
+from modforge.results.tables import fmt_count, markdown_table
+from modforge.studies import ladder, sequential, tuning
+from modforge.studies.design import Design
+from modforge.utils.files import write_json, write_text
+
+
+def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, draws: int) -> dict:
+    """Everything the report says, as data."""
+    values, decisions = compared["values"], compared["decisions"]
+    arms_rows = []
+    flops = {}
+    bad = {}
+    for (a, r), by_seed in values.items():
+        runs = [res for res in compared["results"] if res["cell"].arm == a and res["cell"].rung == r]
+        fin = [v for v in by_seed.values() if math.isfinite(v)]
+        f = [res["metrics"].get("train_flops") for res in runs if isinstance(res["metrics"].get("train_flops"), (int, float))]
+        flops[(a, r)] = statistics.fmean(f) if f else plan.flops[(a, r)]
+        n_bad = sum(res["status"] in ("diverged", "collapsed") for res in runs)
+        bad[(a, r)] = (n_bad, len(runs))
+        iv = stats.mean_interval(fin, d.level) if len(fin) >= 2 else stats.Interval(fin[0] if fin else math.nan)
+        epochs = [res["metrics"].get("epochs") for res in runs if isinstance(res["metrics"].get("epochs"), (int, float))]
+        dropout = [res["metrics"].get("dropout") for res in runs if isinstance(res["metrics"].get("dropout"), (int, float))]
+        arms_rows.append({"arm": a, "rung": r, "setting": tuned["chosen"].get((a, r)), "steps": plan.steps[(a, r)],
+                          "tokens": plan.steps[(a, r)] * p[(a, r)]["tokens_per_step"], "train_flops": flops[(a, r)],
+                          "params_non_embedding": p[(a, r)]["params_non_embedding"], "n": len(fin),
+                          "mean": iv.estimate, "low": iv.low, "high": iv.high,
+                          "sd": statistics.stdev(fin) if len(fin) > 1 else math.nan,
+                          "diverged_or_collapsed": n_bad, "runs": len(runs),
+                          "epochs": max(epochs) if epochs else math.nan, "dropout": max(dropout) if dropout else math.nan})
+    planned = d.looks
+    spent = sequential.spent(d.level, planned)
+    verdicts = []
+    for r in d.rungs:
+        for a in d.compared:
+            dec = decisions.get((a, r))
+            if dec is None or isinstance(dec, str):
+                verdicts.append({"arm": a, "rung": r, "verdict": "undecided", "why": dec or "not run"})
+                continue
+            c = dec.comparison
+            n_base, n_all = bad[(d.baseline, r)], bad[(a, r)]
+            verdicts.append({"arm": a, "rung": r, "verdict": dec.word, "why": dec.why, "estimate": c.estimate,
+                             "low": c.low, "high": c.high, "level": 1 - c.alpha, "pairs": c.n, "look": dec.look + 1,
+                             "p": c.p, "p_adjusted": c.p_adjusted, "mde": c.mde if dec.word == "inconclusive" else math.nan,
+                             "corr": c.corr, "outcome_p": stats.fisher(n_all[0], n_all[1], n_base[0], n_base[1])})
+    fixed_runs = len(d.arms) * len(d.rungs) * d.seeds["max"]
+    out = {"experiment": d.experiment, "question": d.study.get("question"), "declared": d.study,
+           "overrides": d.overrides, "metric": d.metric, "better": d.better, "level": d.level, "margin": d.margin,
+           "family": d.family, "looks": planned, "alpha_per_look": spent, "arms": arms_rows, "verdicts": verdicts,
+           "tuning": tuning_record(d, tuned), "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
+                                                        "compare_fixed_design": fixed_runs,
+                                                        "rounds": [[f"{a} @ {r or 'the config'}" for a, r in rnd]
+                                                                   for rnd in compared["rounds"]]},
+           "plan": {"runs": plan.runs, "hours": plan.hours, "flops": plan.total_flops},
+           "wall_hours": sum(state.get("stage_seconds", {}).values()) / 3600, "jobs": d.jobs}
+    out["ladder"] = ladder_record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
+    out["warnings"] = warnings(d, out)
+    return out
+
+
+def tuning_record(d: Design, tuned: dict) -> list:
+    rows = []
+    for (a, r), results in tuned["curves"].items():
+        for key, vals in results.items():
+            fin = [v for v in vals if math.isfinite(v)]
+            rows.append({"arm": a, "rung": r, "setting": tuned["settings"][key], "values": vals,
+                         "mean": statistics.fmean(fin) if len(fin) == len(vals) and fin else math.nan,
+                         "chosen": tuned["chosen"].get((a, r)) == tuned["settings"][key],
+                         "edge": tuned["edges"].get((a, r)) if tuned["chosen"].get((a, r)) == tuned["settings"][key] else None})
+    return rows
+
+
+def ladder_record(d: Design, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
+    rung_order = list(d.rungs)
+    by_arm = {a: {r: values[(a, r)] for r in rung_order} for a in d.arms}
+    compute = {a: {r: flops[(a, r)] for r in rung_order} for a in d.arms}
+    target = d.study.get("target_flops")
+    fitted = ladder.fit_arms(by_arm, compute, d.level, draws, target, d.baseline)
+    means = {r: {a: ladder.rung_means({r: values[(a, r)]})[r] for a in d.arms} for r in rung_order}
+    words = {(v["arm"], v["rung"]): v["verdict"] for v in verdicts}
+    largest = max(max(compute[a].values()) for a in d.arms)
+    return {"fits": {a: (None if f is None else {"E": f.E, "A": f.A, "alpha": f.alpha, "c_ref": f.c_ref,
+                                                 "intervals": f.intervals, "draws": f.draws})
+                     for a, f in fitted["fits"].items()},
+            "target_flops": target, "extrapolated": bool(target and target > largest),
+            "gaps_at_target": {a: {"gap": g[0], "low": g[1], "high": g[2], "draws": g[3]}
+                               for a, g in fitted["gaps"].items()},
+            "means": means, "compute": {a: compute[a] for a in d.arms},
+            "ranking": ladder.rankings(means, d.better),
+            "flips": ladder.flips(means, rung_order, words, d.baseline, d.better),
+            "largest_rung": rung_order[-1]}
+
+
+def warnings(d: Design, out: dict) -> list:
+    w = []
+    for row in out["tuning"]:
+        if row["chosen"] and row["edge"]:
+            w.append(f"tuning: {row['arm']} at {row['rung'] or 'the config'} chose "
+                     + ", ".join(f"{k}={row['setting'][k]} at the {side} edge of its grid" for k, side in row["edge"].items())
+                     + ": the optimum was not bracketed")
+    for row in out["arms"]:
+        if row["epochs"] > 1 and row["dropout"] == 0:
+            w.append(f"{row['arm']} at {row['rung'] or 'the config'}: {row['epochs']:.1f} epochs at dropout 0: the "
+                     "metric measures memorisation as well as learning")
+        if row["diverged_or_collapsed"]:
+            lo, hi = stats.wilson(row["diverged_or_collapsed"], row["runs"], d.level)
+            w.append(f"{row['arm']} at {row['rung'] or 'the config'}: {row['diverged_or_collapsed']} of {row['runs']} "
+                     f"comparison runs diverged or collapsed (rate interval [{lo:.2f}, {hi:.2f}])")
+    if out["ladder"]:
+        for f in out["ladder"]["flips"]:
+            w.append(f"ranking: {f['pair'][0]} and {f['pair'][1]} change order between {f['from']} and {f['to']} "
+                     + ("(decided: better at one, worse at the other)" if f["decided"] else "(not decided by the verdicts)"))
+        if out["ladder"]["extrapolated"]:
+            w.append(f"the gap at target_flops={out['ladder']['target_flops']:.3g} is an extrapolation of the fits past "
+                     "the largest rung")
+    return w
+
+
+def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
+    s = d.study
+    fam = f"{len(d.compared)} comparison{'s' * (len(d.compared) != 1)} x {len(d.rungs)} rung{'s' * (len(d.rungs) != 1)}"
+    lines = [f"# Study: {d.experiment}", "", f"**Question.** {rec['question'] or '(none declared)'}", "",
+             "## Declared before the runs", "",
+             f"- In `conf/experiment/{d.experiment}.yaml`'s `study:` block" + (f", with `{' '.join(d.overrides)}`"
+                                                                              if d.overrides else "") + ".",
+             f"- Metric `{d.metric}` ({'lower' if d.better == 'min' else 'higher'} is better); baseline `{d.baseline}`; "
+             f"compared: {', '.join(f'`{a}`' for a in d.compared)}.",
+             f"- Family: {fam} = {d.family}, at level {d.level:g} as a whole; "
+             + (f"equivalence margin ±{d.margin:g}." if d.margin is not None else "no equivalence margin declared "
+                                                                                   "(no equivalence can be claimed)."),
+             f"- Seeds: fresh from {d.seeds['start']}, looks at {d.looks} pairs; alpha per look "
+             f"{', '.join(f'{a:.4f}' for a in rec['alpha_per_look'])} (power-family spending, ρ = {sequential.RHO:g}, "
+             "shared by the family's comparisons; docs/studies.md)."]
+    if d.grid:
+        lines.append(f"- Tuning, every arm alike: {', '.join(f'`{k}` in {v}' for k, v in d.grid.items())}, seeds "
+                     f"{d.tune_seeds}, extended past an edge at most {d.extend} time(s)"
+                     + (f"; tuned at the smallest rung, carried up by `transfer: {d.transfer}`." if d.transfer else "; "
+                        "tuned at every rung."))
+    if len(d.rungs) > 1 or "tokens_per_param" in s:
+        lines.append(f"- Ladder: {', '.join(f'`{r}`' for r in d.rungs if r) or 'one size'}"
+                     + (f"; {s['tokens_per_param']:g} tokens per non-embedding parameter of the baseline, every arm "
+                        f"matched on {s.get('match', 'tokens')}" if "tokens_per_param" in s else "")
+                     + (f"; target compute {s['target_flops']:.3g} FLOPs" if "target_flops" in s else "") + ".")
+    if "budget" in s:
+        lines.append(f"- Budget: {', '.join(f'{v:g} {k}' for k, v in s['budget'].items())}.")
+    lines += ["", "## Plan, as printed before the runs", "", "```text", plan_text, "```", ""]
+    r = rec["runs"]
+    lines.append(f"Spent: {r['probe']} probe runs, {r['tune']} tuning runs, {r['compare']} comparison runs "
+                 f"(the fixed design at {d.seeds['max']} seeds would have run {r['compare_fixed_design']}); "
+                 f"{rec['wall_hours'] * 60:.1f} min of wall time, {rec['jobs']} job(s) side by side.")
+    if d.grid:
+        lines += ["", "## Tuning", ""]
+        head = ["rung", "arm", *d.grid, f"mean {d.metric}", "per seed", ""]
+        body = []
+        for row in rec["tuning"]:
+            vals = ", ".join("—" if not math.isfinite(v) else f"{v:.4f}" for v in row["values"])
+            mark = ("**chosen**" + (" (edge: " + ", ".join(f"{k} {s_}" for k, s_ in row["edge"].items()) + ")"
+                                    if row["edge"] else "")) if row["chosen"] else ""
+            body.append([row["rung"] or "—", row["arm"], *(str(row["setting"][k]) for k in d.grid),
+                         "failed" if not math.isfinite(row["mean"]) else f"{row['mean']:.4f}", vals, mark])
+        lines += [markdown_table(head, body), "", "A failed run (diverged, collapsed) makes its setting the worst."]
+        if "tuning.png" in plots:
+            lines += ["", "![tuning curves](tuning.png)"]
+    lines += ["", "## Verdicts", ""]
+    head = ["rung", "arm", f"Δ {d.metric}", "interval", "level", "verdict", "pairs", "look", "p (adj.)", "corr"]
+    body = []
+    for v in rec["verdicts"]:
+        if "estimate" not in v:
+            body.append([v["rung"] or "—", v["arm"], "", "", "", f"undecided: {v['why']}", "", "", "", ""])
+            continue
+        word = {"equivalent": f"equivalent within ±{d.margin:g}" if d.margin else "equivalent",
+                "inconclusive": f"inconclusive (MDE {v['mde']:.3g})"}.get(v["verdict"], v["verdict"])
+        body.append([v["rung"] or "—", v["arm"], f"{v['estimate']:+.4f}",
+                     f"[{v['low']:+.4f}, {v['high']:+.4f}]" if math.isfinite(v["low"]) else "",
+                     f"{v['level']:.4f}", word if v["verdict"] != "undecided" else f"undecided: {v['why']}",
+                     str(v["pairs"]), str(v["look"]), f"{v['p_adjusted']:.2g}" if math.isfinite(v["p_adjusted"]) else "",
+                     f"{v['corr']:.2f}" if math.isfinite(v["corr"]) else ""])
+    lines += [markdown_table(head, body), "",
+              "Δ is arm − baseline over the seeds both finished; the interval is at the level its look could spend "
+              "(so every verdict, at whatever look it was reached, holds for the family at the declared level); p is "
+              "unadjusted × the family. Comparison rounds (arm-rungs run in each): " + "; ".join(
+                  f"{i + 1}: {len(x)}" for i, x in enumerate(r["rounds"])) + "."]
+    lines += ["", "## Arms", ""]
+    head = ["rung", "arm", "setting", "params (non-emb.)", "steps", "tokens", "train FLOPs", "n", "mean", "interval",
+            "sd", "diverged or collapsed"]
+    body = [[a["rung"] or "—", a["arm"], tuning.key_of(a["setting"]) if a["setting"] else ("—" if a["setting"] == {} else "none trained"),
+             fmt_count(a["params_non_embedding"]), str(a["steps"]), fmt_count(a["tokens"]), f"{a['train_flops']:.3g}",
+             str(a["n"]), f"{a['mean']:.4f}" if math.isfinite(a["mean"]) else "",
+             f"[{a['low']:.4f}, {a['high']:.4f}]" if math.isfinite(a["low"]) else "",
+             f"{a['sd']:.4f}" if math.isfinite(a["sd"]) else "", f"{a['diverged_or_collapsed']}/{a['runs']}"]
+            for a in rec["arms"]]
+    lines += [markdown_table(head, body)]
+    lad = rec["ladder"]
+    if lad:
+        lines += ["", "## Ladder", "", f"L(C) = E + A·(C / C₀)^(−α) fitted per arm on the mean at each rung; intervals: "
+                  f"bootstrap over seeds ({d.level:g}, percentile).", ""]
+        head = ["arm", "E", "E interval", "α", "α interval", "A", "C₀", "draws"]
+        body = []
+        for a, f in lad["fits"].items():
+            if f is None:
+                body.append([a, "no fit", "", "", "", "", "", ""])
+                continue
+            ei, ai = f["intervals"].get("E", (math.nan, math.nan)), f["intervals"].get("alpha", (math.nan, math.nan))
+            body.append([a, f"{f['E']:.4f}", f"[{ei[0]:.4f}, {ei[1]:.4f}]", f"{f['alpha']:.3f}",
+                         f"[{ai[0]:.3f}, {ai[1]:.3f}]", f"{f['A']:.4f}", f"{f['c_ref']:.3g}", str(f["draws"])])
+        lines += [markdown_table(head, body), ""]
+        big = [v for v in rec["verdicts"] if v["rung"] == lad["largest_rung"]]
+        lines.append("Gap at the largest rung (`" + lad["largest_rung"] + "`): " + "; ".join(
+            f"{v['arm']} {v['estimate']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}], {v['verdict']}" if "estimate" in v
+            and math.isfinite(v.get("low", math.nan)) else f"{v['arm']} {v['verdict']}" for v in big) + ".")
+        if lad["target_flops"]:
+            lines.append("")
+            lines.append(f"Gap at the target compute {lad['target_flops']:.3g} FLOPs (from the fits"
+                         + (", an extrapolation" if lad["extrapolated"] else "") + "): " + "; ".join(
+                f"{a} {g['gap']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]" for a, g in lad["gaps_at_target"].items()) + ".")
+        lines += ["", "Ranking, best first: " + "; ".join(f"`{r}`: {' > '.join(order)}" for r, order in lad["ranking"].items()) + "."]
+        lines += ["", ("Changes of ranking: " + "; ".join(
+            f"{f['pair'][0]} / {f['pair'][1]} between `{f['from']}` and `{f['to']}`"
+            + (" (decided)" if f["decided"] else " (not decided)") for f in lad["flips"]) + ".") if lad["flips"]
+                  else "No change of ranking across the rungs."]
+        if "ladder.png" in plots:
+            lines += ["", "![loss against compute](ladder.png)"]
+    if rec["warnings"]:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in rec["warnings"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(d: Design, study_dir: Path, rec: dict, plan_text: str) -> list:
+    plots = []
+    try:
+        from modforge.studies import figures
+
+        plots = figures.write(d, rec, study_dir)
+    except ImportError as e:
+        print(f"[study] no plots: {e}", flush=True)
+    write_text(study_dir / "study.md", to_markdown(d, rec, plan_text, plots))
+    write_json(study_dir / "report.json", {**rec, "plan_text": plan_text}, indent=1)
+    return ["study.md", "report.json", *plots]

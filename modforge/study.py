@@ -1,0 +1,112 @@
+"""Run a declared study end to end: ``python -m modforge.study experiment=<name> [key=value ...]``.
+
+The experiment's ``study:`` block declares the question and the design (docs/studies.md):
+the arms (``baseline`` and ``compare``), the metric and its direction, the margin and level, a tuning grid every
+arm gets alike (``tune``), fresh seeds for the comparison added where it is still open (``seeds: {min, max,
+step, start}``), a ladder of sizes (``sizes``, ``tokens_per_param``, ``match``, ``target_flops``, ``transfer``)
+and a ``budget``. The command measures this machine (a short run of each arm at each size), prints the plan
+(runs, training FLOPs, wall time) and refuses one that could exceed the budget; then tunes, compares and writes
+``study.md`` (with ``report.json`` and the plots) in the study's directory. Re-running the same command continues
+where it stopped: finished runs are skipped, interrupted ones resume, nothing is decided twice.
+
+Options (the rest are overrides of the config, applied to every job):
+  experiment=NAME   the experiment whose study: block is run (required)
+  dir=PATH          the study's directory (default studies/<experiment>)
+  jobs=K            jobs side by side, each with its share of the cores (default: the block's jobs, else 2 on a
+                    machine of 2 or more cores: measured faster here, docs/studies.md)
+  dry_run=true      measure and print the plan, run nothing else
+  force=true        start even when the plan could exceed study.budget
+  draws=1000        bootstrap draws for the ladder's fits
+
+Examples:
+  python -m modforge.study experiment=norm_quick
+  python -m modforge.study experiment=norm_quick dry_run=true
+  modforge study experiment=ffn_ladder dir=studies/ffn_ladder_v2
+"""
+import json
+from pathlib import Path
+from typing import Optional
+
+from modforge.cli.command import command
+from modforge.errors import ConfigError
+
+OPTIONS = ("experiment", "dir", "jobs", "dry_run", "force", "draws")
+
+
+def parse(argv: list) -> tuple[dict, list]:
+    opts = {"experiment": None, "dir": None, "jobs": None, "dry_run": "false", "force": "false", "draws": "1000"}
+    overrides = []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if not eq and a.startswith("~"):  # a deletion: an override of the config
+            overrides.append(a)
+            continue
+        if not eq:
+            raise ConfigError(f"{a}: arguments are key=value (python -m modforge.study --help)")
+        if key in OPTIONS:
+            opts[key] = value
+        else:
+            overrides.append(a)
+    if not opts["experiment"]:
+        raise ConfigError("experiment=: name the experiment whose study: block to run, e.g. experiment=norm_quick")
+    for key in ("dry_run", "force"):
+        if opts[key] not in ("true", "false"):
+            raise ConfigError(f"{key}={opts[key]}: true or false")
+        opts[key] = opts[key] == "true"
+    for key in ("jobs", "draws"):
+        if opts[key] is not None:
+            if not opts[key].isdigit() or int(opts[key]) < (1 if key == "jobs" else 0):
+                raise ConfigError(f"{key}={opts[key]}: a whole number{' >= 1' if key == 'jobs' else ''}")
+            opts[key] = int(opts[key])
+    return opts, overrides
+
+
+def study_command(argv: list) -> None:
+    from omegaconf import OmegaConf
+
+    from modforge.config.composition import compose_job, load
+    from modforge.studies import runner, writeup
+    from modforge.studies.design import design_of
+    from modforge.studies.stages import probe, read_log, write_log
+
+    opts, overrides = parse(argv)
+    load()
+    cfg = compose_job([f"experiment={opts['experiment']}", *overrides])
+    block = OmegaConf.to_container(cfg.study, resolve=True) if cfg.get("study") is not None else None
+    base = {"max_steps": cfg.trainer.get("max_steps"), "val_check_interval": cfg.trainer.get("val_check_interval"),
+            "eval_at_start": bool(cfg.get("eval_at_start", True))}
+    d = design_of(opts["experiment"], overrides, block, opts["jobs"], base)
+    study_dir = Path(opts["dir"] or f"studies/{opts['experiment']}")
+    state = read_log(study_dir)
+    runner.check_same_study(d, json.loads(json.dumps(state)), study_dir)
+    state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)))
+    log = state.setdefault("stage_seconds", {})
+    write_log(study_dir, state)
+    try:
+        p = probe(d, study_dir, log)
+        plan = runner.make_plan(d, p)
+        plan_text = runner.print_plan(d, p, plan, study_dir)
+        state["plan"] = plan_text
+        runner.check_budget(d, plan, opts["force"])
+        if opts["dry_run"]:
+            print("[study] dry run: nothing else runs")
+            return
+        tuned = runner.tune(d, study_dir, plan, log)
+        compared = runner.compare(d, study_dir, plan, tuned["chosen"], log)
+    finally:
+        write_log(study_dir, state)
+    rec = writeup.gather(d, p, plan, tuned, compared, state, opts["draws"])
+    written = writeup.write_report(d, study_dir, rec, plan_text)
+    print(f"\n[study] wrote {', '.join(written)} to {study_dir}")
+    for v in rec["verdicts"]:
+        at = f" at {v['rung']}" if v["rung"] else ""
+        num = f" Δ {v['estimate']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]" if "estimate" in v else ""
+        print(f"  {v['arm']}{at}: {v['verdict']}{num} ({v['why']})")
+
+
+def main(argv: Optional[list] = None) -> None:
+    command(__doc__, study_command, argv)
+
+
+if __name__ == "__main__":
+    main()

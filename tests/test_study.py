@@ -1,0 +1,250 @@
+"""The study runner (python -m modforge.study): the design's checks, the adaptive seeds' error rate and savings,
+tuning choices, the ladder's fits and changes of ranking, the plan and the budget; end to end on toy studies."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import run_module
+from modforge.errors import ConfigError
+from modforge.studies import ladder, sequential, tuning
+from modforge.studies.design import design_of
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"]}
+
+
+# --------------------------------------------------------------------------- the design, checked before any run
+
+@pytest.mark.parametrize("extra, says", [
+    ({"seeds": {"min": 2}}, "study.seeds="),
+    ({"seeds": {"min": 4, "max": 3}}, "study.seeds="),
+    ({"tune": {"params": {"optim.lr": 0.001}}}, "study.tune="),
+    ({"tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1, 1]}}, "study.tune="),
+    ({"tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1000]}, "seeds": {"start": 1000}}, "study.seeds.start=1000"),
+    ({"sizes": [{}]}, "study.sizes="),
+    ({"match": "params"}, "study.match='params': tokens (every arm"),
+    ({"match": "flops"}, "study.match=flops: give study.tokens_per_param"),
+    ({"budget": {"minutes": 5}}, "study.budget="),
+    ({"jobs": 0}, "study.jobs=0"),
+    ({"transfer": "same"}, "nothing to transfer without study.tune"),
+])
+def test_a_bad_design_is_one_line_naming_the_key(extra, says):
+    with pytest.raises(ConfigError) as e:
+        design_of("x", [], {**BLOCK, **extra})
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, block, says", [
+    ([], {"question": "q?"}, "study.baseline: missing"),
+    (["seed=3"], BLOCK, "the study sets seed in every job"),
+    (["norm=rms"], BLOCK, "the study sets norm in every job"),
+    (["ffn=gelu,relu"], BLOCK, "a sweep; the study decides its jobs"),
+    (["hydra.launcher.devices=2"], BLOCK, "not Hydra's"),
+    ([], {**BLOCK, "sizes": [{"norm": "rms"}]}, "which arm norm=layer sets too"),
+    ([], {**BLOCK, "tune": {"params": {"norm": ["a", "b"]}}}, "an arm cannot fix what every arm is tuned on"),
+    ([], {**BLOCK, "tune": {"params": {"optim.lr": [1.0]}}, "transfer": "sideways"}, "study.transfer=sideways: a "
+                                                                                    "transfer rule; rules: same"),
+])
+def test_a_design_the_runner_cannot_run_is_refused(overrides, block, says):
+    with pytest.raises(ConfigError) as e:
+        design_of("x", overrides, block)
+    assert says in str(e.value)
+
+
+def test_arms_may_be_written_as_mappings():
+    d = design_of("x", [], {**BLOCK, "baseline": {"ffn": "mlp", "ffn.activation": "silu"}, "compare": [{"ffn": "swiglu"}]})
+    assert list(d.arms) == ["ffn=mlp,ffn.activation=silu", "ffn=swiglu"]
+    assert d.arms["ffn=mlp,ffn.activation=silu"] == {"ffn": "mlp", "ffn.activation": "silu"}
+
+
+# --------------------------------------------------------------------------- adaptive seeds
+
+def test_alpha_is_spent_over_the_planned_looks():
+    assert sequential.looks(3, 6, 1) == [3, 4, 5, 6] and sequential.looks(3, 8, 2) == [3, 5, 7, 8]
+    spent = sequential.spent(0.95, [3, 4, 5, 6])
+    assert math.isclose(sum(spent), 0.05) and all(a > 0 for a in spent)
+    assert math.isclose(spent[0], 0.05 * (3 / 6) ** 2)  # the power family, rho = 2
+
+
+def test_the_adaptive_design_holds_its_error_rate_and_spends_fewer_runs_than_the_fixed_design_of_its_power():
+    # under the null (two comparisons, no true difference) the family's error stays at the level across the looks;
+    # each look at the full alpha/k instead (no spending) would reject about twice as often
+    null = sequential.simulate([0.0, 0.0], 1.0, 3, 8, 1, level=0.95, trials=800, seed=1)
+    assert null.any_false <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 800)
+    assert null.mean_pairs > 7.5  # nothing to find: it runs to the maximum
+    # a difference exactly at the margin is not called equivalent more often than alpha
+    edge = sequential.simulate([0.3], 0.2, 3, 8, 1, level=0.95, margin=0.3, trials=800, seed=2)
+    assert edge.claims.get("equivalent", 0) <= 0.05
+    # a difference the design is powered for: the adaptive design stops early
+    hit = sequential.simulate([2.0], 1.0, 3, 10, 1, level=0.95, trials=800, seed=3)
+    fixed = sequential.fixed_pairs_for(hit.power, 2.0, 1.0, 0.95, 1)
+    assert hit.power > 0.95 and hit.mean_pairs < fixed - 1, (hit, fixed)
+    check = sequential.simulate([2.0], 1.0, 0, 0, 1, level=0.95, trials=800, seed=3, fixed=fixed)
+    assert check.power >= hit.power - 0.03  # the fixed design of that many pairs has that power
+
+
+def test_a_decision_is_final_only_when_decided_or_at_the_last_look():
+    planned = sequential.looks(3, 5, 1)
+    clear = {s: 1.0 + 0.01 * s for s in range(3)}
+    base = {s: 0.0 + 0.012 * s for s in range(3)}
+    d = sequential.decide(clear, base, planned, 0.95, 1)
+    assert d.final and d.word == "worse" and d.look == 0
+    noisy = {0: 0.1, 1: -0.2, 2: 0.05}
+    d = sequential.decide(noisy, {0: 0.0, 1: 0.0, 2: 0.0}, planned, 0.95, 1)
+    assert not d.final and d.word == "open"
+    noisy.update({3: 0.2, 4: -0.1})
+    d = sequential.decide(noisy, {s: 0.0 for s in noisy}, planned, 0.95, 1)
+    assert d.final and d.word == "inconclusive" and "MDE" in d.why
+
+
+# --------------------------------------------------------------------------- tuning
+
+def test_each_arm_gets_its_best_setting_and_an_edge_is_flagged_and_extended():
+    grid = {"optim.lr": [0.003, 0.03, 0.3]}
+    results = {"optim.lr=0.003": [2.7, 2.75], "optim.lr=0.03": [3.0, 3.01], "optim.lr=0.3": [float("nan"), 2.0]}
+    assert tuning.choose(results, "min") == "optim.lr=0.003"  # a failed run makes its setting the worst
+    assert tuning.choose({"a": [float("nan")]}, "min") is None
+    assert tuning.edges({"optim.lr": 0.003}, grid) == {"optim.lr": "low"}
+    assert tuning.edges({"optim.lr": 0.03}, grid) == {}
+    assert tuning.beyond(grid["optim.lr"], "low") == pytest.approx(0.0003)
+    assert tuning.beyond([0, 100, 500], "high") == 2500 and tuning.beyond([0, 100, 500], "low") is None
+    assert tuning.inverse_width_rule({"optim.lr": 0.01, "scheduler.warmup_steps": 100}, {"model.d_model": 64},
+                                     {"model.d_model": 256}, "model.d_model") == {"optim.lr": 0.0025,
+                                                                                  "scheduler.warmup_steps": 100}
+
+
+# --------------------------------------------------------------------------- the ladder
+
+def test_a_power_law_is_recovered_and_a_planted_change_of_ranking_is_reported(tmp_path):
+    compute = [1e9, 1e10, 1e11]
+
+    def law(E, A, alpha):
+        return [E + A * (c / 1e9) ** -alpha for c in compute]
+
+    # arm b starts behind and learns faster: ahead at the largest rung (a planted flip)
+    true = {"a": law(1.5, 1.0, 0.3), "b": law(1.2, 1.6, 0.3)}
+    noise = [0.004, -0.003, 0.002]
+    values = {arm: {r: {s: v + noise[s] for s in range(3)} for r, v in zip(("s", "m", "l"), ys)}
+              for arm, ys in true.items()}
+    flops = {arm: dict(zip(("s", "m", "l"), compute)) for arm in true}
+    out = ladder.fit_arms(values, flops, draws=200, target=1e12, baseline="a")
+    fa = out["fits"]["a"]
+    assert fa is not None and fa.E == pytest.approx(1.5, abs=0.02) and fa.alpha == pytest.approx(0.3, abs=0.03)
+    assert fa.draws > 150 and fa.intervals["E"][0] <= fa.E <= fa.intervals["E"][1]
+    gap = out["gaps"]["b"]
+    assert gap[0] == pytest.approx(law(1.2, 1.6, 0.3)[-1] * 0 + (1.2 + 1.6 * 1000 ** -0.3) - (1.5 + 1000 ** -0.3),
+                                   abs=0.02)
+    means = {r: {arm: ladder.rung_means({r: values[arm][r]})[r] for arm in values} for r in ("s", "m", "l")}
+    assert ladder.rankings(means)["s"] == ["a", "b"] and ladder.rankings(means)["l"] == ["b", "a"]
+    flips = ladder.flips(means, ["s", "m", "l"], {("b", "s"): "worse", ("b", "l"): "better"}, "a")
+    assert flips and flips[0]["pair"] == ("a", "b") and flips[0]["ahead_at_from"] == "a"
+    assert ladder.fit_power([1e9, 1e10], [2.0, 1.8]) is None  # two rungs: no fit
+
+
+# --------------------------------------------------------------------------- the plan and the budget
+
+def probed(params: float, fpt: float, tps: float = 10_000.0) -> dict:
+    return {"params": params, "params_non_embedding": params, "flops_per_token": fpt, "tokens_per_step": 256.0,
+            "tokens_per_sec": tps, "eval_seconds": 1.0, "overhead_seconds": 0.5, "startup_seconds": 8.0}
+
+
+def test_the_plan_sets_steps_by_tokens_or_flops_and_a_plan_past_the_budget_is_refused(capsys):
+    from modforge.studies import runner
+
+    block = {**BLOCK, "compare": ["ffn=swiglu"], "baseline": "ffn=relu", "sizes": [{"model.d_model": 32},
+                                                                                   {"model.d_model": 64}],
+             "tokens_per_param": 2.56, "match": "flops", "seeds": {"min": 3, "max": 5},
+             "tune": {"params": {"optim.lr": [1e-3, 3e-3]}, "seeds": [1, 2], "extend": 1}, "budget": {"runs": 40}}
+    d = design_of("x", [], block, jobs=1, base={"max_steps": 400, "val_check_interval": 100, "eval_at_start": True})
+    p = {("ffn=relu", "model.d_model=32"): probed(1000, 600), ("ffn=swiglu", "model.d_model=32"): probed(1000, 900),
+         ("ffn=relu", "model.d_model=64"): probed(4000, 2400), ("ffn=swiglu", "model.d_model=64"): probed(4000, 3600)}
+    plan = runner.make_plan(d, p)
+    # 2.56 tokens per parameter: 2,560 tokens = 10 steps of 256 for ReLU at the first rung; SwiGLU costs 1.5x per
+    # token, so the same FLOPs are 2/3 of the steps
+    assert plan.steps[("ffn=relu", "model.d_model=32")] == 10 and plan.steps[("ffn=swiglu", "model.d_model=32")] == 7
+    assert plan.steps[("ffn=relu", "model.d_model=64")] == 40 and plan.steps[("ffn=swiglu", "model.d_model=64")] == 27
+    assert plan.val_every[("ffn=relu", "model.d_model=32")] == 10  # an interval past the run's end: its end
+    assert plan.runs == {"tune": 16, "extend": 8, "compare_min": 12, "compare_max": 20}
+    # one run: its steps at the measured tokens/s, each validation (at start, at the interval, at the end), the rest
+    assert plan.seconds[("ffn=relu", "model.d_model=64")] == pytest.approx(40 * 256 / 10_000 + 3 * 1.0 + 0.5)
+    runner.print_plan(d, p, plan, Path("studies/x"))
+    out = capsys.readouterr().out
+    assert "stage 1, tuning: 2 arms x 2 rung(s) x 2 settings of optim.lr x 2 seeds = 16 runs (+ at most 8" in out
+    assert "looks at [3, 4, 5] pairs: 12 to 20 runs; 2 comparisons in the family" in out and "in all: 28 to 44 runs" in out
+    with pytest.raises(ConfigError) as e:
+        runner.check_budget(d, plan, force=False)
+    assert "study.budget.runs=40: the plan could take 44 runs" in str(e.value) and "force=true" in str(e.value)
+    assert runner.check_budget(d, plan, force=True)  # started anyway, and said so
+    d.study["budget"] = {"runs": 44}
+    assert runner.check_budget(d, plan, force=False) is None
+
+
+def test_a_study_directory_answers_one_design(tmp_path):
+    from modforge.studies import runner
+
+    d = design_of("x", ["model.d_model=64"], {**BLOCK, "margin": 0.02})
+    runner.check_same_study(d, {"experiment": "x", "overrides": ["model.d_model=64"], "study": {**d.study,
+                                                                                            "budget": {"runs": 9}}}, tmp_path)
+    with pytest.raises(ConfigError) as e:
+        runner.check_same_study(d, {"experiment": "x", "overrides": ["model.d_model=64"], "study": {**d.study,
+                                                                                                  "margin": 0.05}}, tmp_path)
+    assert "another study" in str(e.value) and "give a new dir=" in str(e.value)
+
+
+# --------------------------------------------------------------------------- end to end
+
+def study(cwd: Path, *args: str, fault: str = ""):
+    return run_module("modforge.study", cwd, *args, fault=fault, threads=None, timeout=600)
+
+
+def files_of(d: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in d.rglob("metrics.json")}
+
+
+@pytest.mark.slow
+def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
+    """study_toy: the wide model is worse at the narrow one's best learning rate and better at its own. Killed in
+    the middle of tuning, re-run, it completes; re-run again, it runs nothing."""
+    d = tmp_path / "s"
+    args = ["experiment=study_toy", f"dir={d}", "jobs=1", "trainer.enable_progress_bar=false"]
+    p = study(tmp_path, *args, fault="kill@step=50@job=3")
+    assert p.returncode == 2 and "interrupted; run the same command again" in p.stderr, p.stderr[-2000:]
+    assert "stage 1, tuning: 2 arms x 1 rung(s) x 3 settings of optim.lr x 2 seeds = 12 runs" in p.stdout
+    assert not (d / "study.md").exists() and len(files_of(d / "tune")) == 3
+    p = study(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads((d / "report.json").read_text())
+    chosen = {r["arm"]: r["setting"]["optim.lr"] for r in rec["tuning"] if r["chosen"]}
+    assert chosen == {"model.d_model=16,model.n_heads=2": 0.03, "model.d_model=128,model.n_heads=4": 0.003}
+    wide_at_shared = [r["mean"] for r in rec["tuning"] if r["arm"].startswith("model.d_model=128")
+                      and r["setting"]["optim.lr"] == 0.03][0]
+    narrow_best = [r["mean"] for r in rec["tuning"] if r["chosen"] and r["arm"].startswith("model.d_model=16")][0]
+    assert wide_at_shared > narrow_best  # at one shared learning rate the answer would be backwards
+    (v,) = rec["verdicts"]
+    assert v["verdict"] == "better" and v["estimate"] < 0 and 3 <= v["pairs"] <= 6
+    assert (d / "tune" / "extend-1").is_dir()  # the wide arm's optimum was at the grid's low edge
+    assert rec["runs"]["compare"] <= rec["runs"]["compare_fixed_design"] == 12
+    assert {"study.md", "tuning.png", "report.json"} <= {f.name for f in d.iterdir()}
+    md = (d / "study.md").read_text()
+    assert "## Tuning" in md and "**chosen**" in md and "| better |" in md
+    kept = files_of(d)
+    p = study(tmp_path, *args)
+    assert p.returncode == 0 and "jobs (" not in p.stdout and files_of(d) == kept  # nothing ran again
+
+
+@pytest.mark.slow
+def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path):
+    d = tmp_path / "l"
+    args = ["experiment=study_ladder_toy", f"dir={d}", "trainer.enable_progress_bar=false", "draws=100"]
+    p = study(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads((d / "report.json").read_text())
+    flops = {(a["arm"], a["rung"]): a["train_flops"] for a in rec["arms"]}
+    for rung in ("model.d_model=16", "model.d_model=32"):
+        assert flops[("ffn=swiglu", rung)] == pytest.approx(flops[("ffn=relu", rung)], rel=0.05)  # matched FLOPs
+    fits = rec["ladder"]["fits"]
+    assert all(f is not None and f["draws"] > 0 for f in fits.values()), fits
+    assert set(rec["ladder"]["gaps_at_target"]) == {"ffn=swiglu"} and len(rec["verdicts"]) == 3
+    assert (d / "ladder.png").stat().st_size > 10_000 and "## Ladder" in (d / "study.md").read_text()
