@@ -158,6 +158,8 @@ TRAIN = [
     (["-m", "norm=layer,rmss"], "Did you mean 'rms'"),
     (["-m", "seed=1,abc"], "seed must be an integer"),
     (["-m", "experiment=norm_quick", "model.n_heads=3"], "9 of 9 jobs are invalid"),
+    (["-m", "seed=1", "hydra/launcher=gpus", "hydra.launcher.devices=1", "hydra.launcher.jobs_per_device=0"],
+     "hydra.launcher.jobs_per_device=0: a whole number of jobs >= 1"),
     (["resume=/nonexistent/run"], "no checkpoint at /nonexistent/run"),
     (["resume={garbage}"], "not a readable checkpoint"),
     (["resume={crafted}"], "refused"),

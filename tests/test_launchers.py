@@ -271,3 +271,48 @@ def test_a_directory_given_to_a_job_reads_back_as_itself(value):
     from modforge.config.overrides import hydra_value
 
     assert OverridesParser.create().parse_override("hydra.run.dir=" + hydra_value(value)).value() == value
+
+
+# --------------------------------------------------------------------------- several jobs per device
+
+@pytest.mark.parametrize("seed", range(3))
+def test_packed_slots_hold_at_most_k_jobs_a_device_and_spread_them(seed):
+    rng = random.Random(seed)
+    devices, k = ["0", "1"], 3
+    needs = [rng.choice([1, 1, 2]) for _ in range(12)]
+    durations = [rng.uniform(1, 10) for _ in range(12)]
+    timeline = []
+    clock = {"now": 0.0}
+
+    def start(i, got):
+        timeline.append({"job": i, "devices": got, "start": clock["now"], "end": clock["now"] + durations[i]})
+        return timeline[-1]
+
+    def wait(running):
+        on = {d: sum(d in p.devices for p in running) for d in devices}
+        assert max(on.values()) <= k and max(on.values()) - min(on.values()) <= k  # never past k a device
+        waiting_fits = [i for i in range(12) if i not in {t["job"] for t in timeline}
+                        and needs[i] <= sum(on[d] < k for d in devices)]
+        assert not waiting_fits  # work-conserving: a job that fits the room left was started
+        clock["now"] = min(p.handle["end"] for p in running)
+        return [p for p in running if p.handle["end"] <= clock["now"]]
+
+    schedule(needs, devices, start, wait, per_device=k)
+    assert sorted(t["job"] for t in timeline) == list(range(12))
+    assert all(len(set(t["devices"])) == needs[t["job"]] for t in timeline)  # a job's devices are distinct
+    first = timeline[:2]
+    if needs[0] == needs[1] == 1:
+        assert first[0]["devices"] != first[1]["devices"]  # the least loaded device first: spread, then pack
+
+
+def test_a_pool_with_room_for_two_jobs_a_device():
+    pool = SlotPool(["0", "1"], per_device=2)
+    assert pool.take(1) == ["0"] and pool.take(1) == ["1"] and pool.take(2) == ["0", "1"]
+    assert pool.take(1) is None and pool.free == []
+    pool.give(["0"])
+    assert pool.take(2) is None and pool.take(1) == ["0"]
+    with pytest.raises(SlotError, match=r"jobs_per_device=0: a whole number"):
+        SlotPool(["0"], per_device=0)
+    assert cpu_threads(1, cores=16, per_device=4) == 4 and cpu_threads(2, cores=2, per_device=2) == 1
+    env = job_env({"PATH": "/bin"}, ["0"], "cpu", 1, 2)
+    assert env["OMP_NUM_THREADS"] == str(cpu_threads(1, per_device=2)) and env["CUDA_VISIBLE_DEVICES"] == "0"

@@ -15,6 +15,7 @@ class GpuSlotLauncherConf:
     _target_: str = "hydra_plugins.modforge_launchers.GpuSlotLauncher"
     devices: Any = None  # null: the visible GPUs; N: slots 0..N-1 (CPU jobs side by side); [ids]: those devices
     poll_seconds: float = 0.5
+    jobs_per_device: int = 1  # jobs that may share one device at once: small jobs packed k to a GPU
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="gpus", node=GpuSlotLauncherConf, provider="modforge")

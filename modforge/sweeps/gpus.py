@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 from modforge.config.grid import labels
 from modforge.config.overrides import hydra_value, job_argv
 from modforge.errors import ConfigError
-from modforge.sweeps.slots import SlotError, cpu_threads, devices_needed, pool_devices, schedule
+from modforge.sweeps.slots import SlotError, check_per_device, cpu_threads, devices_needed, pool_devices, schedule
 from modforge.utils.files import read_json, write_json
 
 # the parent command's hydra overrides that are the sweep's own, not one job's
@@ -39,6 +39,7 @@ def slot_count(launcher_cfg: Any) -> Optional[int]:
     if OmegaConf.is_config(setting):
         setting = OmegaConf.to_container(setting, resolve=True)
     try:
+        check_per_device(launcher_cfg.get("jobs_per_device", 1))
         return len(pool_devices(setting, count=_cuda_count))
     except SlotError as e:
         raise ConfigError(str(e)) from None
@@ -64,11 +65,14 @@ def _cuda_count() -> int:
 
 class GpuSlotLauncher:
     """``hydra/launcher=gpus`` (see the module's doc). ``devices``: the devices to hand out (null: the visible
-    GPUs; a number n: slots 0..n-1; a list: those ids), ``poll_seconds``: how often ended jobs are looked for."""
+    GPUs; a number n: slots 0..n-1; a list: those ids), ``jobs_per_device``: how many jobs may share one device
+    at once (1: none share; k: small jobs packed k to a GPU, each CPU job then with 1/k of a slot's cores),
+    ``poll_seconds``: how often ended jobs are looked for."""
 
-    def __init__(self, devices: Any = None, poll_seconds: float = 0.5) -> None:
+    def __init__(self, devices: Any = None, poll_seconds: float = 0.5, jobs_per_device: int = 1) -> None:
         self.devices_setting = devices
         self.poll_seconds = float(poll_seconds)
+        self.per_device = jobs_per_device
         self.config = self.hydra_context = self.task_function = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
@@ -84,6 +88,7 @@ class GpuSlotLauncher:
             setting = OmegaConf.to_container(setting, resolve=True)
         try:
             devices = pool_devices(setting, count=_cuda_count)
+            per_device = check_per_device(self.per_device)
         except SlotError as e:
             raise ConfigError(str(e)) from None
         jobs: list = []
@@ -104,7 +109,8 @@ class GpuSlotLauncher:
         with _interrupt_on_sigterm():
             try:
                 schedule([j.need for j in jobs], devices,
-                         lambda i, got: jobs[i].start(got, self.command(jobs[i]), len(devices)), self._wait)
+                         lambda i, got: jobs[i].start(got, self.command(jobs[i]), len(devices), per_device),
+                         self._wait, per_device)
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM to this process: every running job stops, recorded
                 stopped = _stop_all([j for j in jobs if j.running()])
                 print(f"[modforge] interrupted: {stopped} running jobs stopped (each records 'interrupted'); "
@@ -148,14 +154,14 @@ _NOT_INHERITED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZ
 
 _NOT_INHERITED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_")
 
-def job_env(base: dict, devices: list, accelerator: str, pool_size: int) -> dict:
+def job_env(base: dict, devices: list, accelerator: str, pool_size: int, per_device: int = 1) -> dict:
     """A job's environment: the sweep's, without rank and rendezvous variables (so that Lightning starts its own
     DDP ranks on a free port), with ``CUDA_VISIBLE_DEVICES`` = its devices, and for a CPU job one slot's share of
     the cores per process (unless ``OMP_NUM_THREADS`` is set)."""
     env = {k: v for k, v in base.items() if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
     env.update(CUDA_VISIBLE_DEVICES=",".join(devices), PYTHONUNBUFFERED="1")
     if accelerator == "cpu" and "OMP_NUM_THREADS" not in base:
-        env["OMP_NUM_THREADS"] = str(cpu_threads(pool_size))
+        env["OMP_NUM_THREADS"] = str(cpu_threads(pool_size, per_device=per_device))
     return env
 
 class _Job:
@@ -168,13 +174,13 @@ class _Job:
         self.devices: list = []
         self.label = " ".join(overrides) or "(defaults)"
 
-    def start(self, devices: list, command: list, pool_size: int) -> "_Job":
+    def start(self, devices: list, command: list, pool_size: int, per_device: int = 1) -> "_Job":
         self.devices, self.started = devices, time.time()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(self.dir / "console.log", "ab") as log:  # its own session: signalled as one process group
                 self.process = subprocess.Popen(command, env=job_env(dict(os.environ), devices, self.accelerator,
-                                                                     pool_size),
+                                                                     pool_size, per_device),
                                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True)
         except OSError as e:  # this job fails; the others go on

@@ -3,8 +3,10 @@
 Plain Python (no torch, no Hydra): the decisions of ``hydra/launcher=gpus``
 (:mod:`modforge.sweeps.launchers`) are made here and tested on simulated devices.
 
-* :class:`SlotPool` hands out devices: ``take(k)`` gives the k lowest free ones
-  (or nothing when fewer are free), ``give`` returns them.
+* :class:`SlotPool` hands out devices: ``take(k)`` gives k distinct devices with room for one more job, the
+  least loaded first, then the lowest (or nothing when fewer have room), ``give`` returns them. A device has
+  room for ``per_device`` jobs at once (``hydra.launcher.jobs_per_device``; 1 by default: no two jobs share one),
+  so small jobs can be packed onto one GPU.
 * :func:`schedule` runs jobs that each need some devices: whenever devices are
   free it starts every waiting job that fits, in job order (a job that needs
   more than are free waits, and smaller jobs behind it go first: no device
@@ -23,25 +25,43 @@ class SlotError(ValueError):
 
 
 class SlotPool:
-    def __init__(self, devices: Sequence[str]):
+    def __init__(self, devices: Sequence[str], per_device: int = 1):
         if len(set(devices)) != len(devices):
             raise SlotError(f"hydra.launcher.devices={list(devices)}: a device is listed twice")
+        check_per_device(per_device)
         self.devices = list(devices)
-        self.free = list(devices)
+        self.per_device = per_device
+        self.load = {d: 0 for d in self.devices}  # jobs on each device now
+
+    @property
+    def free(self) -> list:
+        """The devices with room for one more job, in pool order."""
+        return [d for d in self.devices if self.load[d] < self.per_device]
 
     def take(self, k: int) -> Optional[list]:
-        """The k lowest free devices (pool order), now taken; None when fewer than k are free."""
-        if k > len(self.free):
+        """k distinct devices with room, the least loaded first, then in pool order; None when fewer have room.
+        Returned in pool order."""
+        room = sorted(self.free, key=lambda d: (self.load[d], self.devices.index(d)))
+        if k > len(room):
             return None
-        taken = sorted(self.free, key=self.devices.index)[:k]
-        self.free = [d for d in self.free if d not in taken]
+        taken = sorted(room[:k], key=self.devices.index)
+        for d in taken:
+            self.load[d] += 1
         return taken
 
     def give(self, devices: Iterable[str]) -> None:
         back = list(devices)
-        if any(d not in self.devices or d in self.free for d in back):
+        if any(d not in self.load or self.load[d] < back.count(d) for d in back):
             raise SlotError(f"devices {back} were not taken from this pool")  # a scheduler bug, never a user's
-        self.free += back
+        for d in back:
+            self.load[d] -= 1
+
+
+def check_per_device(per_device) -> int:
+    if isinstance(per_device, bool) or not isinstance(per_device, int) or per_device < 1:
+        raise SlotError(f"hydra.launcher.jobs_per_device={per_device}: a whole number of jobs >= 1 that may share "
+                        "one device (1: none share)")
+    return per_device
 
 
 @dataclass
@@ -52,12 +72,12 @@ class Placed:
 
 
 def schedule(needs: Sequence[int], devices: Sequence[str], start: Callable[[int, list], Any],
-             wait: Callable[[list], list]) -> list:
-    """Run job i (needing ``needs[i]`` devices) with ``start(i, devices)``, at most as many at once as the devices
-    allow; ``wait(running)`` blocks until one or more of the running :class:`Placed` end and returns those.
-    Returns every :class:`Placed`, in the order they ended. A job needing more devices than exist is refused
-    before anything starts."""
-    pool = SlotPool(devices)
+             wait: Callable[[list], list], per_device: int = 1) -> list:
+    """Run job i (needing ``needs[i]`` distinct devices) with ``start(i, devices)``, at most as many at once as the
+    devices allow (``per_device`` jobs on each); ``wait(running)`` blocks until one or more of the running
+    :class:`Placed` end and returns those. Returns every :class:`Placed`, in the order they ended. A job needing
+    more devices than exist is refused before anything starts."""
+    pool = SlotPool(devices, per_device)
     too_big = [(i, k) for i, k in enumerate(needs) if k > len(pool.devices) or k < 1]
     if too_big:
         i, k = too_big[0]
@@ -125,8 +145,9 @@ def pool_devices(setting: Any, visible: Optional[str] = None, count: Optional[Ca
     return [str(i) for i in range(n)]
 
 
-def cpu_threads(pool_size: int, cores: Optional[int] = None) -> int:
+def cpu_threads(pool_size: int, cores: Optional[int] = None, per_device: int = 1) -> int:
     """Threads for each process of a CPU job (a DDP job's ranks are one process per slot): one slot's share of
-    the cores (at least 1), so that jobs running side by side do not oversubscribe the machine."""
+    the cores (at least 1; a slot is one of ``per_device`` places on one of ``pool_size`` devices), so that jobs
+    running side by side do not oversubscribe the machine."""
     cores = cores or os.cpu_count() or 1
-    return max(1, cores // pool_size)
+    return max(1, cores // (pool_size * per_device))
