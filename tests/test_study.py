@@ -242,7 +242,7 @@ def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads((d / "report.json").read_text())
     flops = {(a["arm"], a["rung"]): a["train_flops"] for a in rec["arms"]}
-    for rung in ("model.d_model=16", "model.d_model=32"):
+    for rung in ("model.d_model=16", "model.d_model=24"):
         assert flops[("ffn=swiglu", rung)] == pytest.approx(flops[("ffn=relu", rung)], rel=0.05)  # matched FLOPs
     fits = rec["ladder"]["fits"]
     assert all(f is not None and f["draws"] > 0 for f in fits.values()), fits
