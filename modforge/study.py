@@ -64,13 +64,19 @@ def parse(argv: list) -> tuple[dict, list]:
 def study_command(argv: list) -> None:
     from omegaconf import OmegaConf
 
-    from modforge.config.composition import compose_job, load
+    from modforge.config.composition import compose_job, load, preset_options
     from modforge.studies import runner, writeup
     from modforge.studies.design import design_of
     from modforge.studies.stages import probe, read_log, write_log
 
     opts, overrides = parse(argv)
     load()
+    known = preset_options("experiment")
+    if opts["experiment"] not in known:
+        from modforge.registry import suggest
+
+        raise ConfigError(f"experiment={opts['experiment']}: no such experiment.{suggest(opts['experiment'], known)} "
+                          f"The experiments: python -m modforge list experiment")
     cfg = compose_job([f"experiment={opts['experiment']}", *overrides])
     block = OmegaConf.to_container(cfg.study, resolve=True) if cfg.get("study") is not None else None
     base = {"max_steps": cfg.trainer.get("max_steps"), "val_check_interval": cfg.trainer.get("val_check_interval"),

@@ -248,3 +248,22 @@ def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path):
     assert all(f is not None and f["draws"] > 0 for f in fits.values()), fits
     assert set(rec["ladder"]["gaps_at_target"]) == {"ffn=swiglu"} and len(rec["verdicts"]) == 3
     assert (d / "ladder.png").stat().st_size > 10_000 and "## Ladder" in (d / "study.md").read_text()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["experiment=norm_quik"], "experiment=norm_quik: no such experiment. Did you mean 'norm_quick'"),
+    (["experiment=vanilla_transformer"], "experiment=vanilla_transformer: it declares no study: block"),
+    (["dir=x"], "experiment=: name the experiment"),
+    (["experiment=norm_quick", "jobs=0"], "jobs=0: a whole number >= 1"),
+    (["experiment=norm_quick", "seed=5"], "seed=5: the study sets seed in every job"),
+    (["experiment=norm_quick", "study.seeds.min=2"], "study.seeds={'min': 2, 'max': 6"),
+])
+def test_a_study_command_with_a_mistake_is_one_line_before_any_run(argv, says, capsys, tmp_path, monkeypatch):
+    from modforge import study
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        study.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and err.count("\n") == 1, err
+    assert not (tmp_path / "studies").exists()

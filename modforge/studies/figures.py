@@ -27,15 +27,21 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
         return []
     key = next(iter(d.grid))
     rungs = list(dict.fromkeys(r["rung"] for r in rows))
+    values = list(dict.fromkeys(r["setting"][key] for r in rows))
+    numeric = all(isinstance(_num(v), float) and _num(v) == _num(v) for v in values)
+
+    def x_of(v) -> float:  # a name (a scheduler, a norm) is placed at its position in the grid
+        return _num(v) if numeric else float(values.index(v))
+
     fig, axes = plt.subplots(1, len(rungs), figsize=(5.5 * len(rungs), 4), dpi=120, squeeze=False)
     for ax, rung in zip(axes[0], rungs):
         failed: dict = {}
         for i, arm in enumerate(d.arms):
             mine = sorted([r for r in rows if r["rung"] == rung and r["arm"] == arm],
-                          key=lambda r: _num(r["setting"][key]))
+                          key=lambda r: x_of(r["setting"][key]))
             if not mine:
                 continue
-            xs = [_num(r["setting"][key]) for r in mine]
+            xs = [x_of(r["setting"][key]) for r in mine]
             line, = ax.plot(xs, [r["mean"] for r in mine], marker="o", linestyle=["-", "--", "-.", ":"][i % 4],
                             label=arm + (" (baseline)" if arm == d.baseline else ""))
             failed[line.get_color()] = [x for r, x in zip(mine, xs) if not math.isfinite(r["mean"])]
@@ -49,7 +55,9 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
             ax.scatter(xs, [top] * len(xs), marker="x", s=50, color=color, clip_on=False)
         if any(failed.values()):
             ax.text(0.01, 0.99, "x: a run diverged or collapsed", transform=ax.transAxes, fontsize=7, va="top")
-        if all(_num(r["setting"][key]) > 0 for r in rows):
+        if not numeric:
+            ax.set_xticks(range(len(values)), [str(v) for v in values])
+        elif all(_num(v) > 0 for v in values):
             ax.set_xscale("log")
         ax.set_xlabel(key + (" (other keys at each arm's choice)" if len(d.grid) > 1 else ""))
         ax.set_ylabel(d.metric)
