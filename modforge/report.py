@@ -135,6 +135,16 @@ def report_command(argv: list) -> None:
     root = Path(a["dir"])
     if not root.is_dir():
         raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")
+    if (root / "study.json").is_file() and (root / "probe").is_dir():
+        raise ReportError(f"{root}: a study's directory (python -m modforge.study), whose stages would be pooled "
+                          f"here; its report is {root / 'study.md'}; to read its comparison runs as one sweep: "
+                          f"python -m modforge.report {root / 'compare'}")
+    study_root = next((p for p in (root.parent, root.parent.parent) if (p / "study.json").is_file()), None)
+    if study_root is not None and (study_root / "probe").is_dir():
+        import sys
+
+        print(f"note: seeds were added to these runs adaptively by a study; the intervals below are a fixed "
+              f"design's, too narrow after its looks; the study's verdicts: {study_root / 'study.md'}", file=sys.stderr)
     jobs = load_jobs(root)
     if not jobs:
         raise ReportError(f"{root}: no jobs (no .hydra/overrides.yaml below it)")

@@ -267,3 +267,17 @@ def test_a_study_command_with_a_mistake_is_one_line_before_any_run(argv, says, c
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err and err.count("\n") == 1, err
     assert not (tmp_path / "studies").exists()
+
+
+def test_the_report_refuses_to_pool_a_study_s_stages(tmp_path, capsys):
+    from modforge import report
+
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "study.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path)])
+    assert "a study's directory (python -m modforge.study)" in capsys.readouterr().err
+    (tmp_path / "compare" / "round-1").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "compare")])
+    assert "note: seeds were added to these runs adaptively by a study" in capsys.readouterr().err
