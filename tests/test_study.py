@@ -281,3 +281,43 @@ def test_the_report_refuses_to_pool_a_study_s_stages(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path / "compare")])
     assert "note: seeds were added to these runs adaptively by a study" in capsys.readouterr().err
+
+
+def test_what_the_review_found_stays_fixed(tmp_path):
+    from modforge.studies import runner
+
+    # a comparison seed that is a tuning seed, with the default seeds too
+    with pytest.raises(ConfigError, match=r"study.seeds.start=1000: the comparison's seeds must be fresh"):
+        design_of("x", [], {**BLOCK, "tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1000, 1001]}})
+    # a transfer rule that cannot apply to a rung: before any run, one line
+    with pytest.raises(ConfigError, match=r"study.transfer=inverse_width: .*model.d_model"):
+        design_of("x", [], {**BLOCK, "tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1]},
+                            "sizes": [{"model.n_layers": 2}, {"model.n_layers": 4}], "transfer": "inverse_width"})
+    # the command's switches (retry_failed=true after a failed job) do not make it another study
+    d = design_of("x", ["retry_failed=true"], BLOCK)
+    runner.check_same_study(d, {"experiment": "x", "overrides": [], "study": d.study}, tmp_path)
+    # each round spends its own look's alpha, even when a lost run leaves it fewer pairs than planned
+    planned = sequential.looks(4, 6, 1)
+    x = {s: 0.1 * s for s in range(4)}
+    x[3] = float("nan")  # diverged
+    dec = sequential.decide(x, {s: 0.0 for s in range(4)}, planned, 0.95, 1, look=1)
+    assert dec.look == 1 and dec.comparison.level == pytest.approx(1 - sequential.spent(0.95, planned)[1])
+    # an arm without a finite mean at a rung is not ranked, and the others keep their order
+    assert ladder.rankings({"r": {"a": 3.0, "b": float("nan"), "c": 1.0}}) == {"r": ["c", "a"]}
+    # the ladder pairs on the seeds every arm finished at a rung
+    shared = ladder.shared_seeds({"a": {"r": {1: 1.0, 2: 2.0, 3: 3.0}}, "b": {"r": {2: 1.0, 3: float("nan")}}})
+    assert shared == {"a": {"r": {2: 2.0}}, "b": {"r": {2: 1.0}}}
+
+
+def test_rungs_are_declared_smallest_first_and_a_probe_without_a_measure_is_refused():
+    from modforge.studies import runner
+
+    d = design_of("x", [], {**BLOCK, "sizes": [{"model.d_model": 64}, {"model.d_model": 32}]}, jobs=1,
+                  base={"max_steps": 10, "val_check_interval": 5, "eval_at_start": False})
+    p = {(a, r): probed(4000 if r.endswith("64") else 1000, 100) for a in d.arms for r in d.rungs}
+    with pytest.raises(ConfigError, match=r"study.sizes: declare the rungs smallest first"):
+        runner.make_plan(d, p)
+    d.rungs = dict(reversed(list(d.rungs.items())))
+    p[("norm=rms", "model.d_model=32")]["tokens_per_sec"] = float("nan")
+    with pytest.raises(ConfigError, match=r"probe: norm=rms at model.d_model=32 recorded no tokens_per_sec"):
+        runner.make_plan(d, p)

@@ -117,8 +117,18 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
                int(tune.get("extend", 0)), seeds, sequential.looks(seeds["min"], seeds["max"], seeds["step"]), jobs,
                dict(base or {}))
     check_keys(d)
+    if d.tune_seeds and max(d.tune_seeds) >= seeds["start"]:
+        raise ConfigError(f"study.seeds.start={seeds['start']}: the comparison's seeds must be fresh, above every "
+                          f"tuning seed (study.tune.seeds={d.tune_seeds}); give study.seeds.start")
     if d.transfer and d.transfer not in tuning.TRANSFER:
         raise ConfigError(f"study.transfer={d.transfer}: a transfer rule; rules: {', '.join(tuning.TRANSFER)}")
+    if d.transfer:
+        small = list(rungs.values())[0]
+        for name, rv in rungs.items():
+            try:
+                tuning.TRANSFER[d.transfer]({k: 1.0 for k in d.grid}, small, rv, s.get("width_key", "model.d_model"))
+            except ValueError as e:
+                raise ConfigError(f"study.transfer={d.transfer}: {e} (rung {name or 'the config'} does not)") from None
     if "tokens_per_param" in s and len(rungs) == 1 and not s.get("sizes"):
         pass  # one size with a token budget: allowed (a compute-matched comparison at one size)
     return d
@@ -126,6 +136,7 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
 
 # keys the runner sets in every job: the command line may not set them too
 RUNNER_KEYS = ("seed", "trainer.max_steps", "trainer.val_check_interval")
+PROBE_KEYS = ("eval_at_start", "sample")  # the probe sets these unless the command line does
 
 
 def check_keys(d: Design) -> None:

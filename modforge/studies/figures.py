@@ -73,8 +73,8 @@ def ladder_plot(d: Design, rec: dict, out: Path) -> list:
         return []
     fig, ax = plt.subplots(figsize=(6.5, 4.5), dpi=120)
     for i, arm in enumerate(d.arms):
-        pts = sorted((lad["compute"][arm][a["rung"]], a["mean"], a["low"], a["high"]) for a in rec["arms"]
-                     if a["arm"] == arm and math.isfinite(a["mean"]))
+        pts = sorted((lad["compute"][arm][r], m[arm], *lad["intervals"][arm][r]) for r, m in lad["means"].items()
+                     if math.isfinite(m[arm]))  # the seeds every arm finished at that rung, as the fits
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]

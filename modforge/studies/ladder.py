@@ -68,6 +68,16 @@ def fit_power(compute: list[float], loss: list[float]) -> Optional[Fit]:
     return Fit(float(E), float(math.exp(a)), float(alpha), c_ref)
 
 
+def shared_seeds(values: dict) -> dict:
+    """{arm: {rung: {seed: value}}} restricted, at each rung, to the seeds every arm finished there: the ladder's
+    means, fits and gaps are then paired, as the comparisons are (arms decided early have fewer seeds)."""
+    rungs = {r for by_rung in values.values() for r in by_rung}
+    common = {r: set.intersection(*({s for s, v in by_rung.get(r, {}).items() if math.isfinite(v)}
+                                    for by_rung in values.values())) for r in rungs}
+    return {arm: {r: {s: v for s, v in by_seed.items() if s in common[r]} for r, by_seed in by_rung.items()}
+            for arm, by_rung in values.items()}
+
+
 def rung_means(values: dict, seeds: Optional[list] = None) -> dict:
     """{rung: mean} of {rung: {seed: value}}, over ``seeds`` (with repeats: a bootstrap draw) or every seed."""
     out = {}
@@ -133,7 +143,8 @@ def percentile(xs: list[float], q: float) -> tuple:
 def rankings(means: dict, better: str = "min") -> dict:
     """{rung: [arms, best first]} from {rung: {arm: mean}}."""
     sign = 1 if better == "min" else -1
-    return {rung: [a for a, m in sorted(by_arm.items(), key=lambda kv: (sign * kv[1], kv[0])) if math.isfinite(m)]
+    return {rung: [a for a, m in sorted(((a, m) for a, m in by_arm.items() if math.isfinite(m)),
+                                        key=lambda kv: (sign * kv[1], kv[0]))]
             for rung, by_arm in means.items()}
 
 

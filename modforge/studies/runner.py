@@ -3,12 +3,12 @@ where the answer is still open, fit the ladder, write ``study.md``.
 
 Directory (``studies/<experiment>`` unless ``dir=``)::
 
-    study.json            the command that started it, each stage's wall time, the plan as printed
+    study.json            the log: the command that started it, each stage's wall time, the plan as printed
     probe/                a short run of each arm at each rung: parameters, FLOPs per token, tokens/s
     tune/round-0/         stage one: every arm x rung x setting x tuning seed
     tune/extend-<i>/      a grid extended past an edge optimum
     compare/round-<j>/    stage two, look j: the arms still undecided (and the baseline) on fresh seeds
-    study.md, study.json, tuning.png, ladder.png   the report (:mod:`modforge.studies.writeup`)
+    study.md, report.json, tuning.png, ladder.png   the report (:mod:`modforge.studies.writeup`)
 
 Every stage is a sweep whose jobs are decided once and kept (``cells.json``): re-running the command skips what
 ended, resumes what was cut short, and decides nothing twice.
@@ -38,6 +38,16 @@ class Plan:
 
 def make_plan(d: Design, p: dict) -> Plan:
     s = d.study
+    for (arm, rung), m in p.items():
+        for key in ("tokens_per_sec", "tokens_per_step", "params_non_embedding", "flops_per_token"):
+            if not math.isfinite(m[key]) or m[key] <= 0:
+                raise ConfigError(f"probe: {arm} at {rung or 'the config'} recorded no {key} (see its run under probe/; "
+                                  "a run that diverged in 30 steps cannot be measured): fix the arm, or delete probe/ "
+                                  "and run again")
+    sizes = [p[(d.baseline, r)]["params_non_embedding"] for r in d.rungs]
+    if any(b < a for a, b in zip(sizes, sizes[1:])):
+        raise ConfigError(f"study.sizes: declare the rungs smallest first (the baseline's non-embedding parameters "
+                          f"by rung: {', '.join(f'{r}: {n:,.0f}' for r, n in zip(d.rungs, sizes))})")
     steps, val_every = {}, {}
     for rung in d.rungs:
         base = p[(d.baseline, rung)]
@@ -260,7 +270,7 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, log: dict) -> 
         have = n
         for a, r in open_:
             decisions[(a, r)] = sequential.decide(values[(a, r)], values[(d.baseline, r)], d.looks, d.level,
-                                                  d.family, d.better, d.margin, span, last=j == len(d.looks) - 1)
+                                                  d.family, d.better, d.margin, span, look=j)
     return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results)}
 
 
@@ -272,8 +282,11 @@ def check_same_study(d: Design, state: dict, study_dir: Path) -> None:
     def design(block: dict) -> dict:  # what decides the runs and their answers (not the budget, not the pace)
         return {k: v for k, v in block.items() if k not in ("budget", "jobs")}
 
-    def command(overrides: list) -> list:
-        return [o for o in overrides if not o.lstrip("+~").startswith(("study.budget", "study.jobs"))]
+    def command(overrides: list) -> list:  # the command's switches (retry_failed=true ...) change no run
+        from modforge.run.dirs import CONTROL_KEYS
+
+        return [o for o in overrides if not o.lstrip("+~").startswith(("study.budget", "study.jobs"))
+                and o.split("=", 1)[0] not in CONTROL_KEYS]
 
     import json
 

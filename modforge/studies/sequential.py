@@ -63,16 +63,18 @@ class Decision:
 
 
 def decide(x: dict, y: dict, planned: list[int], level: float, family: int, better: str = "min",
-           margin: Optional[float] = None, span: float = math.inf, explain: bool = True, last: bool = False) -> Decision:
-    """The verdict of ``x - y`` (each {seed: value}) at the look its number of shared seeds has reached.
-    The interval is at the level that look may spend: (1 - level) spent over the looks, shared by ``family``.
-    ``last``: no more seeds will come (the maximum was run, though runs that failed left fewer pairs): what is
-    not decided now is inconclusive."""
+           margin: Optional[float] = None, span: float = math.inf, explain: bool = True,
+           look: Optional[int] = None) -> Decision:
+    """The verdict of ``x - y`` (each {seed: value}) at planned look ``look`` (its index; None: the look its
+    number of shared seeds has reached). The interval is at the level that look may spend: (1 - level) spent
+    over the looks, shared by ``family``. A study passes its round's look, so that each look's alpha is spent
+    once even when failed runs left fewer pairs than planned; at the last look what is not decided is
+    inconclusive."""
     n = len(set(k for k, v in x.items() if math.isfinite(v)) & set(k for k, v in y.items() if math.isfinite(v)))
-    j = max(look_of(n, planned), 0)
+    j = max(look_of(n, planned), 0) if look is None else look
     alpha_j = spent(level, planned)[j]
     c = stats.compare(x, y, level=1 - alpha_j, family=family, paired=True, span=span)
-    at_last = last or (j == len(planned) - 1 and n >= planned[-1])
+    at_last = j == len(planned) - 1
     decided = c.decided and (c.low > 0 or c.high < 0 or (margin is not None and -margin < c.low and c.high < margin))
     if not (decided or at_last):  # no verdict yet, and more seeds may come: the MDE is not worth computing
         return Decision(c, "open", c.why or f"interval [{c.low:+.4g}, {c.high:+.4g}] at look {j + 1}", j, False)
@@ -111,10 +113,10 @@ def simulate(effects: list[float], sd: float, n_min: int, n_max: int, step: int,
         wrong = False
         for e in effects:
             d = {}
-            for n in planned:
+            for j, n in enumerate(planned):
                 while len(d) < n:
                     d[len(d)] = rng.gauss(e, sd)
-                dec = decide(d, {s: 0.0 for s in d}, planned, level, k, "min", margin, explain=False)
+                dec = decide(d, {s: 0.0 for s in d}, planned, level, k, "min", margin, explain=False, look=j)
                 if dec.final:
                     break
             pairs += len(d)

@@ -15,7 +15,7 @@ from typing import Optional
 from modforge.config.overrides import hydra_value
 from modforge.errors import ModforgeError
 from modforge.results.jobs import load_jobs, mark_collapsed, metric_value
-from modforge.studies.design import Design
+from modforge.studies.design import PROBE_KEYS, Design
 from modforge.utils.files import read_json, write_json
 
 PROBE_STEPS = 30
@@ -116,9 +116,10 @@ def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
 def probe(d: Design, study_dir: Path, log: dict) -> dict:
     """A short run of every arm at every rung (``PROBE_STEPS`` steps, the config's own settings), as the study's
     jobs will run (side by side when they will): {(arm, rung): what it measured}."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in d.overrides}
+    quick = {k: False for k in PROBE_KEYS if k not in given}  # no step-0 validation, no sample: not the job's time
     cells = stage_cells(study_dir / "probe", lambda: [
-        Cell(arm, rung, "", 0, {**d.arms[arm], **rv, "trainer.max_steps": PROBE_STEPS, "seed": 0,
-                                "eval_at_start": False, "sample": False})
+        Cell(arm, rung, "", 0, {**d.arms[arm], **rv, "trainer.max_steps": PROBE_STEPS, "seed": 0, **quick})
         for rung, rv in d.rungs.items() for arm in d.arms])
     print(f"[study] measuring this machine: {len(cells)} runs of {PROBE_STEPS} steps (each arm at each size)",
           flush=True)

@@ -1,6 +1,6 @@
 """A study's report: ``study.md`` (the question, what was declared, the plan as printed, the tuning curves, the
 verdicts in four words with their numbers, the ladder and its fits, the runs spent against the fixed design, the
-warnings), ``study.json`` (the same, as data) and the plots (``tuning.png``, ``ladder.png``; matplotlib, the
+warnings), ``report.json`` (the same, as data) and the plots (``tuning.png``, ``ladder.png``; matplotlib, the
 optional ``report`` extra)."""
 import math
 import statistics
@@ -22,7 +22,8 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
     for (a, r), by_seed in values.items():
         runs = [res for res in compared["results"] if res["cell"].arm == a and res["cell"].rung == r]
         fin = [v for v in by_seed.values() if math.isfinite(v)]
-        f = [res["metrics"].get("train_flops") for res in runs if isinstance(res["metrics"].get("train_flops"), (int, float))]
+        f = [res["metrics"].get("train_flops") for res in runs if res["status"] == "finished"
+             and isinstance(res["metrics"].get("train_flops"), (int, float))]  # not a run that stopped early
         flops[(a, r)] = statistics.fmean(f) if f else plan.flops[(a, r)]
         n_bad = sum(res["status"] in ("diverged", "collapsed") for res in runs)
         bad[(a, r)] = (n_bad, len(runs))
@@ -80,23 +81,38 @@ def tuning_record(d: Design, tuned: dict) -> list:
 
 def ladder_record(d: Design, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
     rung_order = list(d.rungs)
-    by_arm = {a: {r: values[(a, r)] for r in rung_order} for a in d.arms}
+    by_arm = ladder.shared_seeds({a: {r: values[(a, r)] for r in rung_order} for a in d.arms})
     compute = {a: {r: flops[(a, r)] for r in rung_order} for a in d.arms}
     target = d.study.get("target_flops")
-    fitted = ladder.fit_arms(by_arm, compute, d.level, draws, target, d.baseline)
-    means = {r: {a: ladder.rung_means({r: values[(a, r)]})[r] for a in d.arms} for r in rung_order}
+    if d.better == "min":
+        fitted = ladder.fit_arms(by_arm, compute, d.level, draws, target, d.baseline)
+    else:  # L = E + A C^-alpha describes a metric that falls with compute
+        fitted = {"fits": {a: None for a in d.arms}, "gaps": {}}
+    means = {r: {a: ladder.rung_means({r: by_arm[a][r]})[r] for a in d.arms} for r in rung_order}
+    spans = {a: {r: _interval(list(by_arm[a][r].values()), d.level) for r in rung_order} for a in d.arms}
     words = {(v["arm"], v["rung"]): v["verdict"] for v in verdicts}
     largest = max(max(compute[a].values()) for a in d.arms)
-    return {"fits": {a: (None if f is None else {"E": f.E, "A": f.A, "alpha": f.alpha, "c_ref": f.c_ref,
+    return {"fit_note": "" if d.better == "min" else f"no fit: {d.metric} rises with compute (better: max), and the "
+                                                     "power law describes a metric that falls with it",
+            "shared_seeds": {r: len(next(iter(by_arm.values()))[r]) for r in rung_order},
+            "fits": {a: (None if f is None else {"E": f.E, "A": f.A, "alpha": f.alpha, "c_ref": f.c_ref,
                                                  "intervals": f.intervals, "draws": f.draws})
                      for a, f in fitted["fits"].items()},
             "target_flops": target, "extrapolated": bool(target and target > largest),
             "gaps_at_target": {a: {"gap": g[0], "low": g[1], "high": g[2], "draws": g[3]}
                                for a, g in fitted["gaps"].items()},
-            "means": means, "compute": {a: compute[a] for a in d.arms},
+            "means": means, "intervals": spans, "compute": {a: compute[a] for a in d.arms},
             "ranking": ladder.rankings(means, d.better),
             "flips": ladder.flips(means, rung_order, words, d.baseline, d.better),
             "largest_rung": rung_order[-1]}
+
+
+def _interval(xs: list, level: float) -> tuple:
+    xs = [x for x in xs if math.isfinite(x)]
+    if len(xs) < 2:
+        return (math.nan, math.nan)
+    iv = stats.mean_interval(xs, level)
+    return (iv.low, iv.high)
 
 
 def warnings(d: Design, out: dict) -> list:
@@ -170,7 +186,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
         if "tuning.png" in plots:
             lines += ["", "![tuning curves](tuning.png)"]
     lines += ["", "## Verdicts", ""]
-    head = ["rung", "arm", f"Δ {d.metric}", "interval", "level", "verdict", "pairs", "look", "p (adj.)", "corr"]
+    head = ["rung", "arm", f"Δ {d.metric}", "interval", "level", "verdict", "pairs", "look", "p (unadjusted)", "corr"]
     body = []
     for v in rec["verdicts"]:
         if "estimate" not in v:
@@ -181,12 +197,12 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
         body.append([v["rung"] or "—", v["arm"], f"{v['estimate']:+.4f}",
                      f"[{v['low']:+.4f}, {v['high']:+.4f}]" if math.isfinite(v["low"]) else "",
                      f"{v['level']:.4f}", word if v["verdict"] != "undecided" else f"undecided: {v['why']}",
-                     str(v["pairs"]), str(v["look"]), f"{v['p_adjusted']:.2g}" if math.isfinite(v["p_adjusted"]) else "",
+                     str(v["pairs"]), str(v["look"]), f"{v['p']:.2g}" if math.isfinite(v["p"]) else "",
                      f"{v['corr']:.2f}" if math.isfinite(v["corr"]) else ""])
     lines += [markdown_table(head, body), "",
               "Δ is arm − baseline over the seeds both finished; the interval is at the level its look could spend "
-              "(so every verdict, at whatever look it was reached, holds for the family at the declared level); p is "
-              "unadjusted × the family. Comparison rounds (arm-rungs run in each): " + "; ".join(
+              "(so every verdict, at whatever look it was reached, holds for the family at the declared level); the "
+              "verdict is read off that interval, not off p, which is the paired t test's own. Comparison rounds (arm-rungs run in each): " + "; ".join(
                   f"{i + 1}: {len(x)}" for i, x in enumerate(r["rounds"])) + "."]
     lines += ["", "## Arms", ""]
     head = ["rung", "arm", "setting", "params (non-emb.)", "steps", "tokens", "train FLOPs", "n", "mean", "interval",
@@ -200,8 +216,10 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
     lines += [markdown_table(head, body)]
     lad = rec["ladder"]
     if lad:
-        lines += ["", "## Ladder", "", f"L(C) = E + A·(C / C₀)^(−α) fitted per arm on the mean at each rung; intervals: "
-                  f"bootstrap over seeds ({d.level:g}, percentile).", ""]
+        lines += ["", "## Ladder", "", f"L(C) = E + A·(C / C₀)^(−α) fitted per arm on the mean at each rung over the "
+                  f"seeds every arm finished there ({', '.join(f'{n}' for n in lad['shared_seeds'].values())} by rung); "
+                  f"intervals: bootstrap over those seeds ({d.level:g}, percentile)." + (f" {lad['fit_note']}."
+                                                                                      if lad["fit_note"] else ""), ""]
         head = ["arm", "E", "E interval", "α", "α interval", "A", "C₀", "draws"]
         body = []
         for a, f in lad["fits"].items():
