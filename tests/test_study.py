@@ -321,3 +321,24 @@ def test_rungs_are_declared_smallest_first_and_a_probe_without_a_measure_is_refu
     p[("norm=rms", "model.d_model=32")]["tokens_per_sec"] = float("nan")
     with pytest.raises(ConfigError, match=r"probe: norm=rms at model.d_model=32 recorded no tokens_per_sec"):
         runner.make_plan(d, p)
+
+
+def test_a_planted_change_of_ranking_reaches_the_report(tmp_path):
+    from modforge.studies import writeup
+
+    d = design_of("x", [], {**BLOCK, "baseline": "ffn=relu", "compare": ["ffn=swiglu"],
+                            "sizes": [{"model.d_model": 16}, {"model.d_model": 32}, {"model.d_model": 64}]})
+    rungs = list(d.rungs)
+    compute = dict(zip(rungs, (1e9, 1e10, 1e11)))
+    law = {"ffn=relu": (1.5, 1.0), "ffn=swiglu": (1.2, 1.6)}  # swiglu behind at the small rung, ahead at the large
+    values = {(a, r): {s: E + A * (compute[r] / 1e9) ** -0.3 + 0.003 * s for s in range(3)}
+              for a, (E, A) in law.items() for r in rungs}
+    flops = {(a, r): compute[r] for a in law for r in rungs}
+    verdicts = [{"arm": "ffn=swiglu", "rung": rungs[0], "verdict": "worse"},
+                {"arm": "ffn=swiglu", "rung": rungs[1], "verdict": "worse"},
+                {"arm": "ffn=swiglu", "rung": rungs[2], "verdict": "better"}]
+    lad = writeup.ladder_record(d, values, flops, verdicts, draws=50)
+    assert lad["ranking"][rungs[0]] == ["ffn=relu", "ffn=swiglu"] and lad["ranking"][rungs[2]] == ["ffn=swiglu", "ffn=relu"]
+    assert lad["flips"] and lad["flips"][0]["decided"] and all(f is not None for f in lad["fits"].values())
+    warned = writeup.warnings(d, {"tuning": [], "arms": [], "ladder": lad})
+    assert any("change order between" in w and "(decided" in w for w in warned)
