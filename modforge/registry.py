@@ -363,6 +363,11 @@ def make_config(kind: str, cfg: Any) -> tuple[Entry, Any]:
     return entry, inst
 
 
+def as_dict(cfg: Any) -> dict:
+    """A component's config (a name, a mapping or a DictConfig) as a plain dict with its ``name``."""
+    return {"name": cfg} if isinstance(cfg, str) else _to_dict(cfg)
+
+
 def _to_dict(cfg: Any) -> dict:
     if isinstance(cfg, dict):
         return dict(cfg)

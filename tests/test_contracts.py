@@ -46,6 +46,8 @@ REFERENCE_TESTS = {
     "scheduler": {"noam": "test_optim::test_noam_is_the_papers_formula_counting_steps_from_one",
                   "cosine": "test_optim::test_cosine_warms_up_linearly_then_decays_to_its_floor",
                   "constant": "test_optim::test_constant_after_its_warm_up"},
+    "param": {"standard": "test_mup::test_mup_at_its_base_shape_computes_what_standard_does",
+              "mup": "test_mup::test_coordinate_check_flat_under_mup_growing_under_standard"},
     "task": {"causal_lm": "test_train::test_run_writes_metrics_config_and_a_rebuildable_checkpoint",
              "masked_lm": "test_train::test_cli_trains_and_learns",
              "seq2seq": "test_data::test_seq2seq_trains_on_parallel_text",

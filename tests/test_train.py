@@ -325,7 +325,8 @@ def test_data_longer_than_model_positions_fails_before_training(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_on_cpu_with_two_processes(tmp_path):
+@pytest.mark.parametrize("param", [[], ["param=mup", "param.base.d_model=16"]], ids=["standard", "mup"])
+def test_ddp_on_cpu_with_two_processes(tmp_path, param):
     """trainer=ddp with the gloo backend: two processes, one run directory, global token count; and its
     validation is one process's: the same items once each (3 batches of 12 split 18/18, each rank's last
     batch partial), means reduced by sums, so its checkpoint re-evaluated on one process gives its val loss."""
@@ -339,7 +340,8 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "modforge", "train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
            "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=4",
            "trainer.limit_val_batches=3", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
-           "data.max_chars=50000", "sample=false", f"hydra.run.dir={run_dir}"]
+           "data.max_chars=50000", "sample=false", f"hydra.run.dir={run_dir}",
+           *param]  # (and under param=mup: µP's per-group rates and multipliers under DDP, and reloaded)
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())

@@ -67,6 +67,7 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
     from modforge.checkpoints.files import find_checkpoint, load_checkpoint
     from modforge.utils.files import atomic_file, write_json
     from modforge.checkpoints.families import FAMILIES
+    from modforge.models.param import multipliers
 
     written = ("model.safetensors", "config.json", "tokenizer.json")
     out = claim_out(out, written)
@@ -78,6 +79,11 @@ def export_hf(ckpt: Any, out: Any) -> tuple[Path, str, list]:
         raise registry.ConfigError(f"format=hf: this model maps onto neither GPT-2 ({why['gpt2']}) nor Llama "
                                    f"({why['llama']}); export it with format=modforge")
     model, tok = task.model, task.tokenizer
+    extra = multipliers(model)
+    if extra:
+        raise registry.ConfigError(f"format=hf: the run's parametrisation (param=mup) multiplies {extra[0]}"
+                                   f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, which a Hugging "
+                                   "Face model has no place for; export it with format=modforge")
     specials = dict(getattr(tok, "specials", {}) or {})
     if not specials:  # modforge's own tokenizers: the five reserved ids
         specials = {"pad": tok.pad_id, "bos": tok.bos_id, "eos": tok.eos_id}

@@ -55,6 +55,9 @@ class Attention(nn.Module):
     positions for ``pos`` (None: offset + 0..T-1 in every row); passed only when given.
     """
 
+    score_scale: Optional[float] = None  # SDPA's scale= (None: its own 1/sqrt(d_head)); set by a parametrisation
+    scales_scores = False  # True: forward passes score_scale to SDPA (param=mup needs it to change the scale)
+
     def flops(self, n_q: int, n_kv: int) -> int:
         """Forward multiply-add FLOPs (2 per multiply-add) for one sequence: ``n_q`` queries over ``n_kv`` keys.
         Default: every Linear of the layer on each query (a cross-attention's key/value Linears run on the
@@ -172,6 +175,10 @@ class MultiHeadAttention(Attention):
     Queries, keys and values come from one fused projection (keys and values from one, in cross-attention);
     :meth:`kv_heads` is how many key/value heads it computes (all ``n_heads`` here; fewer in ``gqa``)."""
 
+    param_roles = {"qkv.weight": "hidden", "q.weight": "hidden", "kv.weight": "hidden", "out.weight": "hidden",
+                   "*.bias": "vector"}
+    scales_scores = True
+
     @dataclass
     class Config:
         bias: bool = True  # biases on the projections
@@ -266,11 +273,13 @@ class MultiHeadAttention(Attention):
         if key_mask is None and bias is None and (not causal or offset == 0 or T == 1):
             # fast path: SDPA's own causal flag (top-left aligned, exact when offset == 0;
             # a single cached query sees every key, so no mask at all)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and T > 1, **gqa)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and T > 1,
+                                               scale=self.score_scale, **gqa)
         else:
             mask = build_mask(B, T, tk, causal=causal, offset=offset, key_mask=key_mask, bias=bias,
                               device=x.device, dtype=q.dtype)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, **gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.score_scale,
+                                               **gqa)
         return self.out(y.transpose(1, 2).reshape(B, T, H * self.d_head))
 
 

@@ -65,6 +65,8 @@ class GatedConfig:
 class MLP(FFN):
     """act(x W1 + b1) W2 + b2"""
 
+    param_roles = {"w1.weight": "hidden", "w2.weight": "hidden", "*.bias": "vector"}  # (modforge.models.param)
+
     def __init__(self, cfg: MLPConfig, d_model: int, d_ff: int):
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff, bias=cfg.bias)
@@ -87,6 +89,8 @@ def _gated(act: str) -> type:
 @register("ffn", "geglu", config=_gated("gelu"))
 class GatedFFN(FFN):
     """(act(x W) * (x V)) W2"""
+
+    param_roles = {"w_gate_up.weight": "hidden", "w2.weight": "hidden", "*.bias": "vector"}
 
     def __init__(self, cfg: GatedConfig, d_model: int, d_ff: int):
         super().__init__()

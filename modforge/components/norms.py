@@ -20,7 +20,6 @@ class Norm(nn.Module):
     ``x`` is (B, T, C); ``mask`` is (B, T) bool, True at real tokens, or None
     (all real). The output has the shape of ``x``. Per-token norms ignore the mask.
     """
-
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -38,6 +37,8 @@ def check_eps(eps: float) -> None:
 @register("norm", "layer")
 class LayerNorm(Norm):
     """LayerNorm over the feature dimension: gamma * (x - mean) / sqrt(var + eps) + beta."""
+
+    param_roles = {"weight": "vector", "bias": "vector"}  # gains and shifts along the width (modforge.models.param)
 
     @dataclass
     class Config:
@@ -108,6 +109,8 @@ class RMSNorm(Norm):
     reference 000 and 001 write it. They differ only for tiny activations.
     """
 
+    param_roles = {"weight": "vector", "bias": "vector"}  # gains and shifts along the width (modforge.models.param)
+
     @dataclass
     class Config:
         eps: float = 1e-6
@@ -151,6 +154,8 @@ class MaskedBatchNorm(Norm):
     token's normalisation depends (weakly) on later tokens of the batch. Eval
     uses running statistics and is strictly causal.
     """
+
+    param_roles = {"weight": "vector", "bias": "vector"}  # gains and shifts along the width (modforge.models.param)
 
     @dataclass
     class Config:

@@ -53,29 +53,78 @@ class AdamWConfig(AdamConfig):
     decay_norms_and_biases: bool = False  # nanoGPT/GPT-2: only matrices (dim >= 2) are decayed
 
 
-def _groups(params, weight_decay: float, everything: bool):
-    params = [p for p in params if p.requires_grad]
-    if everything or weight_decay == 0.0:
-        return [{"params": params, "weight_decay": weight_decay}]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+SCALES = ("lr_scale", "eps_scale", "wd_scale")  # a parametrisation's per-group multipliers (modforge.models.param)
+
+
+def scaled(params) -> list[dict]:
+    """Parameters, or a parametrisation's groups ({"params", "lr_scale", "eps_scale", "wd_scale"}), as groups
+    that each carry their three multipliers (1 where none is given)."""
+    params = list(params)
+    if params and isinstance(params[0], dict):  # (a group's other keys, e.g. its own lr, are kept)
+        return [{**g, "params": [p for p in g["params"] if p.requires_grad], **{k: float(g.get(k, 1.0)) for k in SCALES}}
+                for g in params]
+    return [{"params": [p for p in params if p.requires_grad], **{k: 1.0 for k in SCALES}}]
+
+
+def _hyper(g: dict, cfg: AdamConfig, weight_decay: float) -> dict:
+    """A group's own lr, eps and weight decay where its multipliers are not 1 (else the optimizer's defaults)."""
+    out = {k: v for k, v in g.items() if k not in SCALES}
+    out["weight_decay"] = out.get("weight_decay", weight_decay) * g["wd_scale"]
+    if g["lr_scale"] != 1.0:
+        out["lr"] = cfg.lr * g["lr_scale"]
+    if g["eps_scale"] != 1.0:
+        out["eps"] = cfg.eps * g["eps_scale"]
+    return out
+
+
+def _groups(params, cfg: AdamWConfig):
+    """AdamW's groups: matrices decayed, norms, biases and other 1-d parameters not (unless
+    decay_norms_and_biases); within each group of a parametrisation's multipliers, in its order."""
+    params = list(params)
+    out, plain = [], not (params and isinstance(params[0], dict))
+    for g in scaled(params):
+        if cfg.decay_norms_and_biases or cfg.weight_decay == 0.0:
+            out.append(_hyper(g, cfg, cfg.weight_decay))
+            continue
+        for keep, wd in ((lambda p: p.dim() >= 2, cfg.weight_decay), (lambda p: p.dim() < 2, 0.0)):
+            out.append(_hyper({**g, "params": [p for p in g["params"] if keep(p)]}, cfg, wd))
+    return out if plain else [g for g in out if g["params"]]  # (plain: both groups, as before groups existed)
+
+
+def check_group_scales(optimizer: torch.optim.Optimizer, groups: list[dict], cfg) -> None:
+    """A parametrisation's per-group learning rates must reach the optimizer: one line naming it when they do
+    not (an optimizer from a plugin that reads only its ``params``)."""
+    lr_of = {id(p): g.get("lr") for g in optimizer.param_groups for p in g["params"]}
+    ref = [(lr_of.get(id(p)), g["lr_scale"]) for g in groups for p in g["params"][:1] if g["params"]]
+    if not ref or any(lr is None for lr, _ in ref):
+        return
+    lr0, s0 = ref[0]
+    if not all(math.isclose(lr * s0, lr0 * s, rel_tol=1e-6) for lr, s in ref):
+        name = cfg.get("name", cfg) if hasattr(cfg, "get") else cfg
+        raise ConfigError(f"optim={name}: it does not apply the parametrisation's per-group learning rates "
+                          "(each group's lr_scale, eps_scale, wd_scale); use optim=adamw or adam, or read them "
+                          "in the optimizer (docs/mup.md)")
 
 
 @register("optim", "adam", config=AdamConfig)
 def adam(cfg: AdamConfig, params) -> torch.optim.Optimizer:
     """Adam (Kingma & Ba 2015), the paper's optimizer"""
-    params = list(params)
-    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-    return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+    groups = list(params)
+    if groups and isinstance(groups[0], dict):  # groups (a parametrisation's carry its multipliers)
+        if cfg.weight_decay > 0 and any(k in g for g in groups for k in SCALES):
+            raise ConfigError(f"optim=adam with optim.weight_decay={cfg.weight_decay}: the parametrisation has no "
+                              "rule for Adam's L2 decay (it scales decoupled decay); use optim=adamw, or "
+                              "weight_decay=0")
+        groups = [_hyper(g, cfg, cfg.weight_decay) for g in scaled(groups)]
+    tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+    return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=fused_optimizer(cfg.fused, tensors))
 
 
 @register("optim", "adamw", config=AdamWConfig)
 def adamw(cfg: AdamWConfig, params) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay); norms, biases and 1-d params not decayed by default"""
-    groups = _groups(params, cfg.weight_decay, cfg.decay_norms_and_biases)
+    groups = _groups(params, cfg)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
                              fused=fused_optimizer(cfg.fused, [p for g in groups for p in g["params"]]))
 

@@ -146,6 +146,8 @@ class Sinusoidal(PositionalScheme):
 class Learned(PositionalScheme):
     """A trained embedding per position (BERT, GPT-2)."""
 
+    param_roles = {"table.weight": "input"}
+
     def __init__(self, cfg, d_model: int, n_heads: int, max_len: int, head_dim: Optional[int] = None):
         super().__init__(cfg, d_model, n_heads, max_len, head_dim)
         self.table = nn.Embedding(max_len, d_model)

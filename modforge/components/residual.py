@@ -23,6 +23,8 @@ class Residual(nn.Module):
     wraps one sub-layer with its norm and residual dropout."""
 
     final_norm: bool = False  # does a stack of these blocks end with a norm after its last block?
+    branch_mult = 1.0  # the sub-layer's output x this before the addition (param=mup's depth rule sets it)
+    scales_branch = False  # True: forward applies branch_mult (param=mup needs it to scale with depth)
 
     def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
         super().__init__()
@@ -46,8 +48,11 @@ class PostNorm(Residual):
     class Config:
         final_norm: bool = False  # a norm after the last block (torch.nn.Transformer's encoder/decoder norm)
 
+    scales_branch = True
+
     def forward(self, x, sublayer, mask=None):
-        return self.norm(x + self.drop(sublayer(x)), mask)
+        y = sublayer(x)
+        return self.norm(x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y), mask)
 
 
 @register("residual", "pre")
@@ -58,5 +63,8 @@ class PreNorm(Residual):
     class Config:
         final_norm: bool = True  # the stream is never normalised inside the stack: off only to study that
 
+    scales_branch = True
+
     def forward(self, x, sublayer, mask=None):
-        return x + self.drop(sublayer(self.norm(x, mask)))
+        y = sublayer(self.norm(x, mask))
+        return x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)

@@ -51,6 +51,9 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         import torch
 
         opt = registry.build("optim", cfg.optim, [torch.nn.Parameter(torch.zeros(1))])
+        if "param" in typed and getattr(typed["param"][0].cls, "uses_groups", False):  # and as param=mup builds it
+            registry.build("optim", cfg.optim, [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr_scale": 1.0,
+                                                 "eps_scale": 1.0, "wd_scale": 1.0}])
         total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
         d_model = getattr(typed.get("model", (None, None))[1], "d_model", 1)
         registry.build("scheduler", cfg.scheduler, opt, d_model=d_model, total_steps=total)
@@ -64,6 +67,10 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         if kv is not None and heads is not None and heads % kv:
             raise registry.ConfigError(f"attention.n_kv_heads={kv}: must divide model.n_heads={heads} (each key/value "
                                        "head is shared by the same number of query heads)")
+    if "param" in typed and "model" in typed:  # param=mup: every part declared, the base shape's keys known
+        from modforge.models.blocks import Parts
+
+        registry.build("param", cfg.param).preflight(cfg.model, Parts.from_config(cfg))
     if {"task", "model", "data"} <= set(typed):
         from modforge.tasks.base import check_fit
 

@@ -80,6 +80,12 @@ class Model(nn.Module):
     has_encoder = False
     can_generate = False
     needs_source = False
+    # the roles of its own parameters under a parametrisation (modforge.models.param); a subclass adding
+    # parameters declares them too
+    param_roles = {"tok.weight": "input", "head.weight": "output", "head.bias": "vector", "*embed.types.weight": "input",
+                   "head_transform.dense.weight": "hidden", "head_transform.dense.bias": "vector"}
+    readout_mult = 1.0  # the head's input x this (param=mup: output_mult * base d_model / d_model)
+    init_layers = 0  # the depth GPT-2's residual-output init was scaled by (0: not scaled)
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, parts: Optional[Parts] = None):
         super().__init__()
@@ -92,10 +98,12 @@ class Model(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, d_model) -> logits (B, T, V): the head transform if any, then the projection."""
-        return self.head(self.head_transform(h) if self.head_transform is not None else h)
+        h = self.head_transform(h) if self.head_transform is not None else h
+        return self.head(h * self.readout_mult if self.readout_mult != 1.0 else h)
 
     def _finish(self, n_layers: int) -> None:
-        init_weights(self, self.cfg.init_std, n_layers if self.cfg.scaled_residual_init else 0)
+        self.init_layers = n_layers if self.cfg.scaled_residual_init else 0
+        init_weights(self, self.cfg.init_std, self.init_layers)
         if self.cfg.tie_embeddings:
             self.head.weight = self.tok.weight
 

@@ -125,6 +125,9 @@ class Embedder(nn.Module):
     """Token embedding (optionally scaled by sqrt(d_model), as in the paper), positions, token types (BERT's
     segments, when the model has them), a norm (BERT's embedding LayerNorm, when asked), dropout."""
 
+    param_roles = {"types.weight": "input"}  # the token table is the model's own (Model.param_roles)
+    held_at_base = ("scale",)  # sqrt(d_model) grows with width: under param=mup it is the base's
+
     def __init__(self, tokens: nn.Embedding, pos: nn.Module, dropout: float, scale: bool,
                  types: Optional[nn.Embedding] = None, norm: Optional[nn.Module] = None):
         super().__init__()

@@ -86,6 +86,7 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         "params": n_params,
         "params_non_embedding": n_params - n_embedding,
         "ffn_hidden": next((m.hidden for m in task.model.modules() if hasattr(m, "hidden")), None),
+        "parametrisation": task.param.describe() or None,  # param=mup: its width and depth over the base
         "steps": trainer.global_step,
         "tokens_seen": tokens,
         # passes over the training data, and the dropout they were trained with (the report warns when a

@@ -33,6 +33,8 @@ def print_summary(m: dict, out_dir: Path) -> None:
     resumed = f", resumed at step {', '.join(map(str, m['resumed_at_steps']))}" if m.get("resumed_at_steps") else ""
     lines.append(f"   {m['params']:,} parameters (FFN hidden width {m['ffn_hidden']}), {m['steps']} steps, {m['tokens_seen']:,} tokens, "
           f"{m['train_seconds']:.1f} s training ({tps or 0:,.0f} tokens/s), {m['wall_seconds']:.1f} s wall{resumed}")
+    if m.get("parametrisation"):
+        lines.append(f"   {m['parametrisation']}")
     if m.get("sample"):
         lines.append("   sample:\n" + "\n".join("   | " + line for line in m["sample"].splitlines()))
     lines.append(f"   outputs: {out_dir}")

@@ -18,7 +18,7 @@ from torchmetrics import Metric
 
 from modforge.models.blocks import Parts
 from modforge.models.flops import FlopCount
-from modforge.registry import ConfigError, build, declare
+from modforge.registry import ConfigError, as_dict, build, declare
 from modforge.utils.seeds import derive
 
 IGNORE = -100  # a target with no loss: not <pad>, which may be a real token too (GPT-2 pads with <eos>)
@@ -62,7 +62,12 @@ class Task(L.LightningModule):
         self.run_cfg = run_cfg
         self.facts = facts
         self.tokenizer = facts.tokenizer
-        self.model = build("model", run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size)
+        parts = Parts.from_config(run_cfg)
+        self.model = build("model", run_cfg["model"], parts, self.tokenizer.vocab_size)
+        # the parametrisation rescales the fresh model against its base shape (param=standard: nothing)
+        self.param = build("param", run_cfg.get("param", "standard"))
+        self.param.apply(self.model, lambda keys: build("model", {**as_dict(run_cfg["model"]), **keys}, parts,
+                                                       self.tokenizer.vocab_size))
         self.tokens_seen = 0
         # data-side randomness inside the task (masking ...): its own stream, the same for every model
         self.data_generator = torch.Generator().manual_seed(derive(int(run_cfg.get("seed", 0)), "task-data"))
@@ -75,9 +80,15 @@ class Task(L.LightningModule):
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self):
-        opt = build("optim", self.run_cfg["optim"], self.parameters())
+        from modforge.components.optim import check_group_scales  # (here: kinds are declared in plugins' order)
+
+        groups = self.param.groups(self)
+        opt = build("optim", self.run_cfg["optim"], self.parameters() if groups is None else groups)
+        if groups is not None:
+            check_group_scales(opt, groups, self.run_cfg["optim"])
         total = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else None
-        sched = build("scheduler", self.run_cfg["scheduler"], opt, d_model=self.model.cfg.d_model, total_steps=total)
+        sched = build("scheduler", self.run_cfg["scheduler"], opt, d_model=self.param.schedule_d_model(self.model),
+                      total_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def xent(self, logits: torch.Tensor, target: torch.Tensor, smoothing: Optional[float] = None) -> torch.Tensor:

@@ -57,6 +57,7 @@ class Classify(Task):
 
     model_needs = {"has_encoder": True}
     model_role = "a model with an encoder"
+    param_roles = {"head.1.weight": "output", "head.1.bias": "vector"}  # a readout (modforge.models.param)
     data_needs = LABELS
 
     def __init__(self, cfg: ClassifyConfig, run_cfg: dict, facts: "DataFacts"):
@@ -72,7 +73,9 @@ class Classify(Task):
         """src (B, T) starting with <bos> -> logits (B, n_labels)."""
         if src_mask is None:
             src_mask = src != self.tokenizer.pad_id
-        return self.head(self.pool(self.model.encode(src, src_mask), src_mask))
+        pooled = self.pool(self.model.encode(src, src_mask), src_mask)
+        mult = self.model.readout_mult  # param=mup's readout multiplier (1 under standard)
+        return self.head(pooled * mult if mult != 1.0 else pooled)
 
     def _step(self, b):
         logits = self(b["src"], b["src_mask"])

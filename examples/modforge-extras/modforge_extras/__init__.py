@@ -71,6 +71,9 @@ class DynamicTanh(Norm):
     default); ``weight`` and ``bias`` are per-channel, init 1 and 0.
     """
 
+    # roles under param=mup (modforge.models.param): alpha is one width-independent scalar
+    param_roles = {"alpha": "vector", "weight": "vector", "bias": "vector"}
+
     @dataclass
     class Config:
         alpha_init: float = 0.5
@@ -93,6 +96,8 @@ class DynamicTanh(Norm):
 @register("ffn", "relu2")
 class SquaredReLUFFN(FFN):
     """Squared-ReLU FFN (So et al. 2021, Primer): W2 relu(W1 x)^2 (no biases by default)."""
+
+    param_roles = {"w1.weight": "hidden", "w2.weight": "hidden", "*.bias": "vector"}  # (param=mup)
 
     @dataclass
     class Config:
