@@ -16,6 +16,10 @@
   study=declared|ignore  a sweep whose experiment declared a study: block is reported as it declared
                          (question, metric, direction, baseline, the family of comparisons, margin, level;
                          options given here override it, and the report says so); ignore: as a plain sweep
+  x=KEY                  also the metric along one swept key (e.g. x=optim.lr): a table with a line per combination
+                         of the other varying keys, each line's best value, flagged at the end of the sweep; and
+                         a plot (with out=), log-scaled where the values span more than 10x
+  panel=KEY              with x=: the lines split into panels by this key (e.g. panel=param)
   where=k=v[,k2=v2]      only the jobs with these overrides (a slice of the sweep, e.g. where=model.n_layers=8)
   tasks=apart|together   jobs of different tasks in separate tables (default), or in one, for a metric that means
                          the same in each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)
@@ -27,6 +31,7 @@ Examples:
   python -m modforge.report multirun/<date>/<time>
   python -m modforge.report multirun/<date>/<time> baseline=norm=layer out=experiments/results/my_study
   python -m modforge.report multirun/<date>/<time> metric=val/bpc format=csv
+  python -m modforge.report multirun/mup_transfer over=seed x=optim.lr panel=param out=experiments/results/mup_transfer
 
 Every job directory under the sweep directory (one with ``.hydra/overrides.yaml``)
 counts, with the status its records give (:func:`modforge.run.dirs.read_state`):
@@ -58,7 +63,7 @@ from modforge.results.jobs import STATUSES, ReportError, load_jobs, mark_collaps
 from modforge.results.tables import build_tables, to_csv, to_json, to_markdown
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where", "margin",
-           "collapse_tol", "study", "at")
+           "collapse_tol", "study", "at", "x", "panel")
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -67,7 +72,7 @@ def parse_args(argv: list[str]) -> dict:
                           "(python -m modforge.report --help)")
     args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
             "level": "0.95", "format": "md", "out": None, "tasks": "apart", "where": "", "margin": None,
-            "collapse_tol": "0.02", "study": "declared", "at": None}
+            "collapse_tol": "0.02", "study": "declared", "at": None, "x": None, "panel": None}
     given = set()
     for a in argv[1:]:
         key, eq, value = a.partition("=")
@@ -81,6 +86,8 @@ def parse_args(argv: list[str]) -> dict:
     if args["out"] is not None and not args["out"].strip():
         raise ReportError("out=: an empty path; give the directory to write the report into, or leave out= out")
     args["over_given"] = "over" in given
+    if args["panel"] is not None and args["x"] is None:
+        raise ReportError(f"panel={args['panel']}: panels split the lines of x=KEY; give x= too")
     for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json")), ("tasks", ("apart", "together"))):
         if args[key] not in allowed:
             raise ReportError(f"{key}={args[key]}: use {' or '.join(f'{key}={v}' for v in allowed)}")
@@ -159,8 +166,17 @@ def report_command(argv: list) -> None:
     over = tuple(k for k in a["over"].split(",") if k)
     counts = {s: sum(j.status == s for j in jobs) for s in STATUSES}
     problems = [j for j in jobs if j.status != "finished"]
-    text = {"md": lambda: to_markdown(tables, shared, counts, over, problems), "csv": lambda: to_csv(tables),
-            "json": lambda: to_json(tables, shared, counts, jobs)}
+    lines = {}
+    if a["x"] is not None:
+        from modforge.results import along
+
+        lines = {id(t): along.along(t, a["x"], a["panel"]) for t in tables}
+        extra = [row for t in tables for row in ["", *along.markdown(t, a["x"], lines[id(t)])]]
+        alongs = [{"task": t.task, "metric": t.metric, "x": a["x"], "panel": a["panel"],
+                   "lines": along.records(t, a["x"], lines[id(t)])} for t in tables]
+    text = {"md": lambda: to_markdown(tables, shared, counts, over, problems) + "\n".join(extra if lines else []),
+            "csv": lambda: to_csv(tables),
+            "json": lambda: to_json(tables, shared, counts, jobs, alongs if lines else None)}
     print(text[a["format"]]().rstrip("\n"))
     if a["out"] is not None:
         out = Path(a["out"])
@@ -180,6 +196,8 @@ def report_command(argv: list) -> None:
             print(f"\nwrote {', '.join(written)} to {out}; no plots: {e}")
             return
         written += plots.write_all(tables, out)
+        for t in tables if lines else []:
+            written += plots.along(t, lines[id(t)], a["x"], out, plots.prefix_of(t, tables))
         print(f"\nwrote {', '.join(written)} to {out}")
 
 def main(argv: Optional[list] = None) -> None:

@@ -433,3 +433,31 @@ def test_at_equal_compute_each_run_is_read_at_its_own_step_of_those_flops(tmp_pa
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "at=tokens:5"])
     assert "at=tokens:5: use at=flops:<FLOPs>" in capsys.readouterr().err
+
+
+def test_along_a_swept_key_each_line_has_its_best_and_edges_are_flagged(tmp_path, capsys):
+    """x=optim.lr panel=param: a line per width in each panel, its best rate (the mean over seeds), flagged when
+    it is the last rate swept; the plot is written."""
+    pytest.importorskip("matplotlib")
+    best = {("standard", "32"): 2, ("standard", "64"): 1, ("mup", "32"): 2, ("mup", "64"): 3}  # index of the best
+    i = 0
+    for (param, width), b in best.items():
+        for k, lr in enumerate(("0.001", "0.002", "0.004", "0.008")):
+            for seed in ("1", "2"):
+                loss = 2.0 + 0.1 * abs(k - b) + 0.01 * int(seed)
+                fake_job(tmp_path, f"{i}_j", ["experiment=x", f"param={param}", f"model.d_model={width}",
+                                              f"optim.lr={lr}", f"seed={seed}"], loss)
+                i += 1
+    out = tmp_path / "out"
+    report.main([str(tmp_path), "x=optim.lr", "panel=param", f"out={out}"])
+    text = capsys.readouterr().out
+    assert "val/loss along optim.lr" in text
+    assert "| param=mup | model.d_model=64 | 2.3150 | 2.2150 | 2.1150 | **2.0150** | 0.008 (edge of the sweep) |" in text
+    assert "| param=standard | model.d_model=64 | 2.1150 | **2.0150** | 2.1150 | 2.2150 | 0.002 |" in text
+    doc = json.loads((out / "report.json").read_text())["along"][0]
+    got = {(ln["panel"], ln["line"]): (ln["best"], ln["edge"]) for ln in doc["lines"]}
+    assert got[("param=standard", "model.d_model=32")] == ("0.004", False)
+    assert (out / "val_loss_along_optim.lr.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "panel=param"])
+    assert "panel=param: panels split the lines of x=KEY; give x= too" in capsys.readouterr().err

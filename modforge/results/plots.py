@@ -100,9 +100,58 @@ def _save(fig, out: Path, stem: str) -> list[str]:
     return names
 
 
+def prefix_of(t, tables: list) -> str:
+    return (slug(f"{t.task}_{t.metric}") if len(tables) > 1 else slug(t.metric)) + "_"
+
+
 def write_all(tables: list, out: Path) -> list[str]:
     written = []
     for t in tables:
-        prefix = (slug(f"{t.task}_{t.metric}") if len(tables) > 1 else slug(t.metric)) + "_"
+        prefix = prefix_of(t, tables)
         written += curves(t, out, prefix) + final(t, out, prefix)
     return written
+
+
+def along(t, panels: list, x: str, out: Path, prefix: str) -> list[str]:
+    """``<metric>_along_<x>``: the metric against ``x``, a line per combination of the other keys (the mean over
+    seeds, its interval as a band), each line's best point a star; one panel per value of the report's panel=."""
+    numeric = [q[1] for p in panels for ln in p.lines for q in ln.points]
+    is_num = all(math.isfinite(v) for v in numeric)
+    log = is_num and min(numeric) > 0 and max(numeric) / min(numeric) > 10
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), dpi=120, sharey=True, squeeze=False)
+    values = sorted({q[0] for p in panels for ln in p.lines for q in ln.points}, key=lambda v: (float(v) if is_num else 0, v))
+    drawn = 0
+    for ax, p in zip(axes[0], panels):
+        for i, ln in enumerate(p.lines):
+            pts = [q for q in ln.points if q[2].n and math.isfinite(q[2].interval.estimate)]
+            if not pts:
+                continue
+            xs = [q[1] if is_num else values.index(q[0]) for q in pts]
+            iv = [q[2].interval for q in pts]
+            color = f"C{i % 10}"
+            ax.plot(xs, [v.estimate for v in iv], marker="o", markersize=3, linewidth=1.4, color=color, label=ln.label)
+            lo = [v.low if v.kind else v.estimate for v in iv]
+            hi = [v.high if v.kind else v.estimate for v in iv]
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+            if ln.best is not None:
+                b = ln.points[ln.best]
+                ax.plot([b[1] if is_num else values.index(b[0])], [b[2].interval.estimate], marker="*", markersize=13,
+                        color=color, markeredgecolor="black", linestyle="none")
+            drawn += 1
+        if log:
+            ax.set_xscale("log", base=2 if all(math.log2(v).is_integer() for v in numeric) else 10)
+        if not is_num:
+            ax.set_xticks(range(len(values)))
+            ax.set_xticklabels(values, rotation=30, fontsize=8)
+        ax.set_xlabel(x)
+        ax.set_title(p.label or f"{t.metric} along {x}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    if not drawn:
+        plt.close(fig)
+        return []
+    axes[0][0].set_ylabel(f"final {t.metric}" + (" (nats/token)" if t.metric.endswith("loss") else "") +
+                          f", mean over seeds, {t.level:.0%} band")
+    fig.suptitle(f"{t.task}: {t.metric} along {x}; the best of each line starred", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, out, f"{prefix}along_{slug(x)}")

@@ -401,12 +401,14 @@ def to_csv(tables: list[Table]) -> str:
         w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
     return buf.getvalue()
 
-def to_json(tables: list[Table], shared: dict, counts: dict, jobs: list[Job]) -> str:
+def to_json(tables: list[Table], shared: dict, counts: dict, jobs: list[Job], along: Optional[list] = None) -> str:
     from modforge.utils.files import finite
 
     doc = {"shared": shared, "jobs": counts, "rows": to_records(tables),
            "problems": [{"job": j.name, "status": j.status, "error": j.error} for j in jobs
                         if j.status not in ("finished",)]}
+    if along is not None:
+        doc["along"] = along  # the report's x=: the metric along one swept key (modforge.results.along)
     return json.dumps(finite(doc), indent=2, allow_nan=False) + "\n"
 
 def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
