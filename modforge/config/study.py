@@ -31,7 +31,7 @@ DESIGN = {"tune": "a mapping: params ({key: [values]}, every arm alike), seeds (
           "match": "tokens (every arm of a rung trains on the same tokens) or flops (on the same training FLOPs)",
           "target_flops": "a positive number of training FLOPs at which the fitted gap is also given",
           "transfer": "null (tune at every rung) or the rule that carries the smallest rung's setting up: "
-                      "same, inverse_width",
+                      "same, inverse_width, mup",
           "width_key": "the key whose value is a rung's width for transfer=inverse_width (default model.d_model)",
           "budget": "a mapping: hours and/or runs, positive numbers; the study refuses a plan that could exceed "
                     "it unless started with force=true",

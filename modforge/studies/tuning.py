@@ -105,4 +105,22 @@ def inverse_width_rule(setting: dict, small: dict, rung: dict, width_key: str) -
             for k, v in setting.items()}
 
 
-TRANSFER: dict[str, Callable] = {"same": same_rule, "inverse_width": inverse_width_rule}
+def mup_rule(setting: dict, small: dict, rung: dict, width_key: str) -> dict:
+    """The setting as chosen at the smallest rung, trained under ``param=mup`` with the smallest rung's model keys
+    as the base shape (modforge.models.param): there µP computes what the standard parametrisation does, so the
+    setting was tuned for µP, and it holds at every larger rung."""
+    sizes = [f"model.{k}" for k in MUP_SIZE_KEYS]
+    if "model.d_model" not in small:
+        raise ValueError("transfer=mup: the smallest rung must set model.d_model (its shape is µP's base shape)")
+    for k in sizes:
+        if k in rung and k not in small:
+            raise ValueError(f"transfer=mup: a rung sets {k}, so the smallest rung must set it too (its value is the "
+                             "base shape's)")
+    base = {k.split(".", 1)[1]: small[k] for k in sizes if k in small}
+    return {**setting, "param": "mup", **{f"param.base.{k}": v for k, v in base.items()}}
+
+
+MUP_SIZE_KEYS = ("d_model", "n_heads", "head_dim", "d_ff", "n_layers", "enc_layers", "dec_layers")  # param.base's
+
+
+TRANSFER: dict[str, Callable] = {"same": same_rule, "inverse_width": inverse_width_rule, "mup": mup_rule}
