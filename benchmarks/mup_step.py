@@ -12,6 +12,7 @@ import torch
 
 from modforge import registry
 from modforge.models.blocks import Parts
+from modforge.models.param import parametrised
 from modforge.plugins import load_all
 
 
@@ -19,9 +20,7 @@ def build(param, d_model: int, layers: int, vocab: int):
     cfg = {"name": "decoder_only", "d_model": d_model, "n_heads": 4, "n_layers": layers, "max_len": 64}
     parts = Parts()
     torch.manual_seed(0)
-    m = registry.build("model", cfg, parts, vocab)
-    p = registry.build("param", param)
-    p.apply(m, lambda keys: registry.build("model", {**cfg, **keys}, parts, vocab))
+    m, p = parametrised(cfg, parts, vocab, param)
     groups = p.groups(m)
     opt = registry.build("optim", {"name": "adamw"}, m.parameters() if groups is None else groups)
     return m, opt

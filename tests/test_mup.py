@@ -11,6 +11,7 @@ from modforge import registry
 from modforge.config import compose
 from modforge.models import coordcheck
 from modforge.models.blocks import Parts
+from modforge.models.param import parametrised
 from modforge.plugins import load_all
 from modforge.registry import ConfigError
 
@@ -23,10 +24,7 @@ def make(d_model: int, param="standard", parts: Parts = None, seed: int = 0, **m
     cfg = {"name": "decoder_only", "d_model": d_model, "n_heads": 4, "n_layers": 2, "max_len": 32, **model}
     parts = parts or Parts(pos="learned")
     torch.manual_seed(seed)
-    m = registry.build("model", cfg, parts, V)
-    p = registry.build("param", param)
-    p.apply(m, lambda keys: registry.build("model", {**cfg, **keys}, parts, V))
-    return m, p
+    return parametrised(cfg, parts, V, param)
 
 
 def optimizer(m, p, lr=1e-2, **kw):

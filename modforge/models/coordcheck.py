@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from modforge import registry
 from modforge.models.blocks import Parts
+from modforge.models.param import parametrised
 
 VOCAB = 64
 
@@ -29,9 +30,7 @@ def coordinates(param, width: int, parts: Optional[dict] = None, steps: int = 4,
     if param == "mup":
         param = {"name": "mup", "base": {"d_model": base}}
     torch.manual_seed(0)
-    m = registry.build("model", cfg, parts, VOCAB)
-    p = registry.build("param", param)
-    p.apply(m, lambda keys: registry.build("model", {**cfg, **keys}, parts, VOCAB))
+    m, p = parametrised(cfg, parts, VOCAB, param)
     groups = p.groups(m)
     opt = registry.build("optim", {"name": "adamw", "lr": lr, "weight_decay": 0.0},
                          m.parameters() if groups is None else groups)

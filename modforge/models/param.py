@@ -95,6 +95,17 @@ declare("param", "parametrisation: how init, learning rates and multipliers scal
         base=Parametrisation, default="standard")
 
 
+def parametrised(model_cfg: Any, parts: Any, vocab_size: int, param: Any = "standard"
+                 ) -> tuple[nn.Module, Parametrisation]:
+    """The model built and rescaled by its parametrisation (a config, or a built one), as a task builds it: the
+    model first (its initialisation draws what it always drew), then ``param.apply`` against the base shape."""
+    cfg = as_dict(model_cfg)
+    model = build("model", cfg, parts, vocab_size)
+    param = param if isinstance(param, Parametrisation) else build("param", param)
+    param.apply(model, lambda keys: build("model", {**cfg, **keys}, parts, vocab_size))
+    return model, param
+
+
 @register("param", "standard")
 class Standard(Parametrisation):
     """the standard parametrisation: init, learning rates and multipliers as every component states them"""
@@ -220,11 +231,9 @@ class MuP(Parametrisation):
         """The model and its base built on the meta device (no memory) and the rules applied: an undeclared
         parameter, an unknown base key or a part that cannot take a multiplier is refused before any work. A
         part that cannot be built on the meta device is checked when the run builds it."""
-        cfg = as_dict(model_cfg)
         try:
             with torch.device("meta"):
-                model = build("model", cfg, parts, 8)
-                self.apply(model, lambda keys: build("model", {**cfg, **keys}, parts, 8))
+                parametrised(model_cfg, parts, 8, self)
         except (RuntimeError, NotImplementedError):
             return
 
@@ -268,7 +277,7 @@ class MuP(Parametrisation):
     def _multipliers(self, model: nn.Module, base: nn.Module, depths: dict, base_depths: dict) -> None:
         c, base_modules = self.cfg, dict(base.named_modules())
         for name, m in model.named_modules():
-            twin = base_modules.get(base_name(name + ".", depths, base_depths)[:-1] if name else "")
+            twin = base_modules.get(base_name(name, depths, base_depths))
             if twin is None:
                 continue
             for attr in getattr(m, "held_at_base", ()):

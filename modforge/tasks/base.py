@@ -18,7 +18,7 @@ from torchmetrics import Metric
 
 from modforge.models.blocks import Parts
 from modforge.models.flops import FlopCount
-from modforge.registry import ConfigError, as_dict, build, declare
+from modforge.registry import ConfigError, build, declare
 from modforge.utils.seeds import derive
 
 IGNORE = -100  # a target with no loss: not <pad>, which may be a real token too (GPT-2 pads with <eos>)
@@ -62,12 +62,11 @@ class Task(L.LightningModule):
         self.run_cfg = run_cfg
         self.facts = facts
         self.tokenizer = facts.tokenizer
-        parts = Parts.from_config(run_cfg)
-        self.model = build("model", run_cfg["model"], parts, self.tokenizer.vocab_size)
+        from modforge.models.param import parametrised  # (here: kinds are declared in plugins' order)
+
         # the parametrisation rescales the fresh model against its base shape (param=standard: nothing)
-        self.param = build("param", run_cfg.get("param", "standard"))
-        self.param.apply(self.model, lambda keys: build("model", {**as_dict(run_cfg["model"]), **keys}, parts,
-                                                       self.tokenizer.vocab_size))
+        self.model, self.param = parametrised(run_cfg["model"], Parts.from_config(run_cfg), self.tokenizer.vocab_size,
+                                              run_cfg.get("param", "standard"))
         self.tokens_seen = 0
         # data-side randomness inside the task (masking ...): its own stream, the same for every model
         self.data_generator = torch.Generator().manual_seed(derive(int(run_cfg.get("seed", 0)), "task-data"))
