@@ -22,6 +22,8 @@ BLOCK = {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"]}
     ({"seeds": {"min": 4, "max": 3}}, "study.seeds="),
     ({"tune": {"params": {"optim.lr": 0.001}}}, "study.tune="),
     ({"tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1, 1]}}, "study.tune="),
+    ({"tune": {"params": {"optim.lr": [1e-3]}, "cliff": {"key": "optim.wd", "by": 0.1}}}, "study.tune="),
+    ({"tune": {"params": {"optim.lr": [1e-3]}, "cliff": {"key": "optim.lr", "by": -1}}}, "study.tune="),
     ({"tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1000]}, "seeds": {"start": 1000}}, "study.seeds.start=1000"),
     ({"sizes": [{}]}, "study.sizes="),
     ({"match": "params"}, "study.match='params': tokens (every arm"),
@@ -100,6 +102,28 @@ def test_a_decision_is_final_only_when_decided_or_at_the_last_look():
 
 
 # --------------------------------------------------------------------------- tuning
+
+def test_a_best_setting_below_a_cliff_gives_way_to_the_next_smaller():
+    # the norms study's d96 LayerNorm arm: 0.008 best on two tuning seeds, 0.016 0.6 nats worse (fresh seeds at 0.008
+    # then spread by sd 0.1)
+    lrs = [0.002, 0.004, 0.008, 0.016]
+    known = {f"optim.lr={v}": {"optim.lr": v} for v in lrs}
+    results = {"optim.lr=0.002": [1.6720, 1.6568], "optim.lr=0.004": [1.6147, 1.6150],
+               "optim.lr=0.008": [1.6100, 1.6015], "optim.lr=0.016": [2.2720, 2.1906]}
+    cliff = {"key": "optim.lr", "by": 0.1}
+    assert tuning.choose(results, "min") == "optim.lr=0.008"
+    assert tuning.choose(results, "min", known, cliff) == "optim.lr=0.004"
+    assert tuning.choose(results, "min", known, {"key": "optim.lr", "by": 1.0}) == "optim.lr=0.008"
+    failed = {**results, "optim.lr=0.016": [float("nan"), 1.5]}
+    assert tuning.choose(failed, "min", known, {"key": "optim.lr", "by": 1.0}) == "optim.lr=0.004"
+    top = {k: v for k, v in results.items() if k != "optim.lr=0.016"}  # no neighbour above: an edge, kept
+    assert tuning.choose(top, "min", known, cliff) == "optim.lr=0.008"
+    # two keys: the neighbour is the one with the other key equal
+    known2 = {f"optim.lr={a},w={w}": {"optim.lr": a, "w": w} for a in (0.004, 0.008) for w in (0, 100)}
+    res2 = {"optim.lr=0.004,w=0": [2.0], "optim.lr=0.004,w=100": [1.95], "optim.lr=0.008,w=0": [1.90],
+            "optim.lr=0.008,w=100": [1.99]}
+    assert tuning.choose(res2, "min", known2, cliff) == "optim.lr=0.008,w=0"  # no larger lr: kept
+
 
 def test_each_arm_gets_its_best_setting_and_an_edge_is_flagged_and_extended():
     grid = {"optim.lr": [0.003, 0.03, 0.3]}

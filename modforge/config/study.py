@@ -21,7 +21,9 @@ HYPOTHESES = {"question": "the question, in words", "metric": "a val metric, e.g
               "level": "the family's confidence level in [0.5, 1)",
               "collapse_tol": "nats >= 0: a final val/loss this close to the unigram model's is a collapse"}
 DESIGN = {"tune": "a mapping: params ({key: [values]}, every arm alike), seeds (a list of integers), extend "
-                  "(grid steps added past an edge optimum, an integer >= 0)",
+                  "(grid steps added past an edge optimum, an integer >= 0), cliff ({key: a tuned key, by: a number >= 0}: "
+                  "a best setting whose next-larger neighbour along key failed or is worse by more than by is "
+                  "replaced by its next-smaller one)",
           "seeds": "a mapping of integers: min (>= 3), max (>= min), step (>= 1), start (the first fresh seed, "
                    "above every tuning seed)",
           "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
@@ -113,7 +115,7 @@ def _seeds(value: Any, bad) -> dict:
 
 
 def _tune(value: Any, bad) -> dict:
-    if not (isinstance(value, dict) and set(value) <= {"params", "seeds", "extend"} and "params" in value):
+    if not (isinstance(value, dict) and set(value) <= {"params", "seeds", "extend", "cliff"} and "params" in value):
         raise bad()
     params = value["params"]
     if not (isinstance(params, dict) and params and all(_spec(f"{k}=x") and isinstance(v, (list, tuple)) and v and
@@ -127,7 +129,13 @@ def _tune(value: Any, bad) -> dict:
     extend = value.get("extend", 0)
     if not (_integer(extend) and extend >= 0):
         raise bad()
-    return {"params": {str(k): list(v) for k, v in params.items()}, "seeds": list(seeds), "extend": extend}
+    cliff = value.get("cliff")
+    if cliff is not None and not (isinstance(cliff, dict) and set(cliff) == {"key", "by"} and cliff["key"] in params
+                                  and isinstance(cliff["by"], (int, float)) and not isinstance(cliff["by"], bool)
+                                  and cliff["by"] >= 0):
+        raise bad()
+    out = {"params": {str(k): list(v) for k, v in params.items()}, "seeds": list(seeds), "extend": extend}
+    return {**out, "cliff": {"key": str(cliff["key"]), "by": float(cliff["by"])}} if cliff is not None else out
 
 
 def _as_spec(arm: dict) -> Any:

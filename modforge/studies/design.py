@@ -35,6 +35,10 @@ class Design:
         return self.base.get(key.split(".")[-1])
 
     @property
+    def cliff(self) -> Optional[dict]:
+        return (self.study.get("tune") or {}).get("cliff")
+
+    @property
     def metric(self) -> str:
         return self.study.get("metric", "val/loss")
 

@@ -199,7 +199,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
         def more() -> list:
             out = []
             for (a, r), results in curves.items():
-                best = tuning.choose(results, d.better)
+                best = tuning.choose(results, d.better, known, d.cliff)
                 if best is None:
                     continue
                 for k, side in tuning.edges(known[best], grids[(a, r)]).items():
@@ -216,7 +216,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
         absorb(stage, cells)
     chosen, edge = {}, {}
     for (a, r), results in curves.items():
-        best = tuning.choose(results, d.better)
+        best = tuning.choose(results, d.better, known, d.cliff)
         chosen[(a, r)] = None if best is None else known[best]
         edge[(a, r)] = {} if best is None else tuning.edges(known[best], grids[(a, r)])
     small = d.tuned_rungs[0]

@@ -5,6 +5,10 @@
 * **The choice**: the setting with the best mean of the study's metric over the tuning seeds; a run that
   diverged or collapsed counts as the worst possible value (a setting that fails on one seed in two is not
   chosen over one that never fails). Ties go to the earlier setting in grid order.
+* **Cliffs** (``cliff: {key: optim.lr, by: 0.1}``, declared with the grid): a best setting whose next-larger
+  neighbour along ``key`` failed or is worse by more than ``by`` sits at the edge of stability, where two tuning
+  seeds can agree and fresh seeds diverge; the next-smaller neighbour along ``key`` is chosen instead (once; when
+  it exists and did not fail). Every arm gets the same rule.
 * **Edges**: a chosen value at the end of its dimension's grid is flagged; the optimum was not bracketed.
   With ``extend: n``, the grid is extended one step past that edge (a geometric step, the ratio of the two
   values nearest it; a value of 0 or a non-number is not extended) and tuned again, at most n times.
@@ -37,12 +41,49 @@ def score(values: list[float], better: str) -> float:
     return m if better == "min" else -m
 
 
-def choose(results: dict, better: str) -> Optional[str]:
-    """The best setting's key among ``results`` ({setting key: [values over seeds]}, in grid order); None when
-    every setting failed."""
+def choose(results: dict, better: str, known: Optional[dict] = None, cliff: Optional[dict] = None) -> Optional[str]:
+    """The best setting's key among ``results`` ({setting key: [values over seeds]}, in grid order), stepped down
+    below a cliff when ``cliff`` ({key, by}) is given (``known``: {setting key: setting}); None when every setting
+    failed."""
     scored = [(score(v, better), i, k) for i, (k, v) in enumerate(results.items())]
     best = min(scored)
-    return best[2] if math.isfinite(best[0]) else None
+    if not math.isfinite(best[0]):
+        return None
+    if cliff:
+        below = below_cliff(best[2], results, better, known, cliff)
+        if below is not None:
+            return below
+    return best[2]
+
+
+def neighbour(key: str, known: dict, along: str, side: str, among) -> Optional[str]:
+    """The setting key among ``among`` equal to ``known[key]`` except for the next value of ``along`` on ``side``
+    ("up" or "down")."""
+    here = known[key]
+    same = [k for k in among if k in known and all(_same(known[k][o], here[o]) for o in here if o != along)]
+    try:
+        v = float(here[along])
+        vals = [(float(known[k][along]), k) for k in same]
+    except (TypeError, ValueError):
+        return None
+    vals = [(x, k) for x, k in vals if (x > v if side == "up" else x < v)]
+    if not vals:
+        return None
+    return (min(vals) if side == "up" else max(vals))[1]
+
+
+def below_cliff(best: str, results: dict, better: str, known: dict, cliff: dict) -> Optional[str]:
+    """The next-smaller neighbour of ``best`` along ``cliff["key"]`` when its next-larger one failed or is worse
+    by more than ``cliff["by"]`` and the smaller one did not fail; else None."""
+    along, by = cliff["key"], float(cliff["by"])
+    up = neighbour(best, known, along, "up", results)
+    if up is None:
+        return None
+    gap = score(results[up], better) - score(results[best], better)
+    if not gap > by:
+        return None
+    down = neighbour(best, known, along, "down", results)
+    return down if down is not None and math.isfinite(score(results[down], better)) else None
 
 
 def edges(chosen: dict, grid: dict) -> dict:

@@ -158,6 +158,8 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
     if d.grid:
         lines.append(f"- Tuning, every arm alike: {', '.join(f'`{k}` in {v}' for k, v in d.grid.items())}, seeds "
                      f"{d.tune_seeds}, extended past an edge at most {d.extend} time(s)"
+                     + (f"; below a cliff (the next-larger `{d.cliff['key']}` worse by more than {d.cliff['by']:g} or "
+                        "failed), the next-smaller is chosen" if d.cliff else "")
                      + (f"; tuned at the smallest rung, carried up by `transfer: {d.transfer}`." if d.transfer else "; "
                         "tuned at every rung."))
     if len(d.rungs) > 1 or "tokens_per_param" in s:
@@ -182,7 +184,10 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                                     if row["edge"] else "")) if row["chosen"] else ""
             body.append([row["rung"] or "—", row["arm"], *(str(row["setting"][k]) for k in d.grid),
                          "failed" if not math.isfinite(row["mean"]) else f"{row['mean']:.4f}", vals, mark])
-        lines += [markdown_table(head, body), "", "A failed run (diverged, collapsed) makes its setting the worst."]
+        lines += [markdown_table(head, body), "", "A failed run (diverged, collapsed) makes its setting the worst."
+                  + (f" A best setting whose next-larger `{d.cliff['key']}` is worse by more than {d.cliff['by']:g} (or "
+                     "failed) gives way to its next-smaller one (the cliff rule, declared with the grid)."
+                     if d.cliff else "")]
         if "tuning.png" in plots:
             lines += ["", "![tuning curves](tuning.png)"]
     lines += ["", "## Verdicts", ""]
