@@ -20,7 +20,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 REFERENCE_TESTS = {
     "norm": {"layer": "test_norms::test_layer_matches_torch",
              "rms": "test_norms::test_rms_inside_matches_torch_rmsnorm",
-             "batch": "test_norms::test_batch_matches_batchnorm1d_on_unpadded_tokens"},
+             "batch": "test_norms::test_batch_matches_batchnorm1d_on_unpadded_tokens",
+             "batch_causal": "test_norms::test_causal_batch_norm_sees_no_later_token_and_matches_batch_norm_at_the_last_position"},
     "residual": {"post": "test_models::test_block_matches_torch_encoder_layer",
                  "pre": "test_models::test_block_matches_torch_encoder_layer"},
     "activation": {n: "test_activations_ffn::test_activation_matches_formula"

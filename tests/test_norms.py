@@ -122,6 +122,31 @@ def test_batch_statistics_ignore_padding():
     torch.testing.assert_close(ours.running_var, ref.running_var)
 
 
+def test_causal_batch_norm_sees_no_later_token_and_matches_batch_norm_at_the_last_position():
+    """In training, norm=batch mixes every position: a change at the last position moves the first one's output.
+    norm=batch_causal normalises position t by the batch's real tokens at positions <= t (against a direct prefix
+    computation), so it does not; its last position and its running and eval statistics are norm=batch's."""
+    d, x = 8, torch.randn(3, 6, 8) * 2 + 1
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[2, 4:] = False
+    later = x.clone()
+    later[:, -1] += 5.0
+    leaky, causal = build("norm", "batch", d), build("norm", "batch_causal", d)
+    assert not torch.allclose(leaky(x, mask)[:, 0], leaky(later, mask)[:, 0])
+    torch.testing.assert_close(causal(x, mask)[:, :-1], causal(later, mask)[:, :-1])
+    causal, ref = build("norm", "batch_causal", d), build("norm", "batch", d)
+    got, want = causal(x, mask), ref(x, mask)
+    for t in range(6):
+        real = x[:, : t + 1][mask[:, : t + 1]]
+        expect = (x[:, t] - real.mean(0)) / torch.sqrt(real.var(0, unbiased=False) + 1e-5)
+        torch.testing.assert_close(got[:, t], expect, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[:2, -1], want[:2, -1], rtol=1e-4, atol=1e-4)  # the last position: every token
+    torch.testing.assert_close(causal.running_mean, ref.running_mean)
+    torch.testing.assert_close(causal.running_var, ref.running_var)
+    causal.eval(), ref.eval()
+    torch.testing.assert_close(causal(x, mask), ref(x, mask))
+
+
 def test_rms_outside_keeps_float64_in_float64():
     from modforge.registry import build as build_
 
