@@ -102,13 +102,38 @@ def test_pair_tasks_train_and_report_exact_match(tmp_path, arch):
     assert " -> " in m["sample"] and "(reference: " in m["sample"]
 
 
+def test_sliding_windows_score_every_target_once_with_the_declared_context():
+    """data.val_stride S: windows every S tokens, each scoring its last S targets: together they score each
+    target from index N - S + 1 on exactly once (no gap, no double count), every one with >= N - S tokens before."""
+    from modforge.data.lm import Windows
+    from modforge.tasks.base import IGNORE
+
+    tokens, n, stride = torch.arange(200), 32, 8
+    ds = Windows(tokens, n, range(0, len(tokens) - n, stride), stride)
+    scored = []
+    for i in range(len(ds)):
+        x, y = ds[i]
+        keep = y != IGNORE
+        assert keep.sum() == stride and not keep[: n - stride].any()
+        scored += y[keep].tolist()
+        assert all(int(t) - int(x[0]) >= n - stride + 1 for t in y[keep])  # context: from the window's start
+    assert scored == list(range(n - stride + 1, scored[-1] + 1))
+
+
 def test_eval_block_sizes_validates_longer_where_positions_allow(tmp_path):
     """val@N is the same validation at another window length: at the training length it is val/loss itself;
     RoPE runs at 4x its max_len; a learned table is 'not applicable' there, and the curves get no extra points."""
     base = tiny_overrides(steps=2) + ["data.block_size=32", "eval_block_sizes=[32,128]", "sample=false"]
-    m = run(compose(base + ["pos=rope"]), tmp_path / "rope")
+    m = run(compose(base + ["pos=rope", "eval_stride=32", "eval_by_position=true"]), tmp_path / "rope")
     assert m["val"]["val@32/loss"] == pytest.approx(m["val"]["val/loss"], abs=1e-6)
     assert math.isfinite(m["val"]["val@128/loss"]) and "not_applicable" not in m
+    # per position: every window scores every position, so their mean is the loss; sliding windows of stride N
+    # are the non-overlapping ones; at 128 with stride 32 each scored token sees >= 96 tokens of context
+    by = m["by_position"]
+    assert len(by["val@32"]) == 32 and len(by["val@128"]) == 128
+    assert sum(by["val@32"]) / 32 == pytest.approx(m["val"]["val@32/loss"], abs=1e-5)
+    assert m["val"]["slide32@32/loss"] == pytest.approx(m["val"]["val@32/loss"], abs=1e-6)
+    assert math.isfinite(m["val"]["slide32@128/loss"]) and m["val"]["slide32@128/loss"] != m["val"]["val@128/loss"]
     with open(tmp_path / "rope" / "logs" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/loss")]
     assert len(rows) == 2 and not any(k.startswith("val@") for k in rows[0])  # step 0 and step 2 only

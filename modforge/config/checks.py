@@ -84,6 +84,15 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         raise registry.ConfigError(f"eval_block_sizes={list(cfg.eval_block_sizes)}: data={cfg.data.name} has no "
                                    "block_size (evaluating at other lengths needs language-modelling data cut "
                                    "into windows: stdlib, tinyshakespeare, text, hf)")
+    for key in ("eval_stride", "eval_by_position"):
+        if cfg.get(key) and not cfg.get("eval_block_sizes"):
+            raise registry.ConfigError(f"{key}={cfg.get(key)}: it applies to the evaluations of eval_block_sizes, which "
+                                       "is empty; give eval_block_sizes=[N, ...] (the training length included, if "
+                                       "wanted)")
+    stride = cfg.get("eval_stride")
+    if stride and stride > min(int(n) for n in cfg.eval_block_sizes):
+        raise registry.ConfigError(f"eval_stride={stride}: must be at most the shortest of eval_block_sizes="
+                                   f"{list(cfg.eval_block_sizes)} (each window scores its last eval_stride tokens)")
     return notes
 
 
@@ -309,6 +318,9 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
             isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v):
         raise registry.ConfigError(f"{line or f'{key}={v}'}: eval_block_sizes must be a list of positive integers "
                                    "(sequence lengths to evaluate at after training), e.g. [128]")
+    if key == "eval_stride" and v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: eval_stride must be a positive integer (score the last S "
+                                   "tokens of a window every S tokens) or null")
     if key == "matmul_precision" and v is not None and v not in PRECISIONS:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: matmul_precision must be one of {', '.join(PRECISIONS)} "
                                    f"(torch.set_float32_matmul_precision), or null (high on CUDA: TF32; else highest)."

@@ -25,7 +25,11 @@ Training windows start anywhere (reshuffled every epoch; for more than
 :data:`SHUFFLE_LIMIT` start positions, drawn with replacement instead, so that
 no permutation of all positions is held in memory); validation windows are the
 non-overlapping ones, in a fixed shuffled order so that ``trainer.limit_val_batches``
-takes a representative subset.
+takes a representative subset. With ``val_stride`` S (sliding-window evaluation), a
+validation window starts every S tokens and only its last S targets are scored (the
+others are :data:`~modforge.utils.targets.IGNORE`): every scored token is predicted
+from at least ``block_size - S`` tokens of context, where non-overlapping windows
+score their first tokens from almost none (Press et al. 2022, appendix B).
 """
 import glob
 import hashlib
@@ -45,6 +49,7 @@ from modforge.data.cache import cache_root, corpus_info, fit_tokenizer, token_ca
 from modforge.data.corpus import CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, expand_paths, window
 from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer, rechunk
 from modforge.utils.files import atomic_file
+from modforge.utils.targets import IGNORE
 from modforge.registry import ConfigError, register
 
 SHUFFLE_LIMIT = 1 << 24  # above this many training windows, sample starts with replacement
@@ -57,8 +62,8 @@ class Windows(Dataset):
     array or a tensor; each window is copied out as int64.
     """
 
-    def __init__(self, tokens: Any, block: int, starts: Sequence[int]):
-        self.tokens, self.block, self.starts = tokens, block, starts
+    def __init__(self, tokens: Any, block: int, starts: Sequence[int], score_last: Optional[int] = None):
+        self.tokens, self.block, self.starts, self.score_last = tokens, block, starts, score_last
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -68,7 +73,11 @@ class Windows(Dataset):
         w = self.tokens[s : s + self.block + 1]
         if not isinstance(w, torch.Tensor):
             w = torch.from_numpy(np.array(w, dtype=np.int64))
-        return w[:-1], w[1:]
+        x, y = w[:-1], w[1:]
+        if self.score_last is not None and self.score_last < self.block:
+            y = y.clone()
+            y[: self.block - self.score_last] = IGNORE
+        return x, y
 
 
 @dataclass
@@ -76,6 +85,7 @@ class TextDataConfig(TokenizedDataConfig):
     block_size: int = 64
     batch_size: int = 12
     max_chars: Optional[int] = 2_000_000  # use the first N characters of the corpus (None: all)
+    val_stride: Optional[int] = None  # sliding-window validation: a window every S tokens, its last S scored
 
     @property
     def positions(self) -> int:
@@ -88,6 +98,10 @@ class TextDataConfig(TokenizedDataConfig):
             raise ConfigError(f"data.block_size={self.block_size}: must be >= 1")
         if self.max_chars is not None and self.max_chars < 1:
             raise ConfigError(f"data.max_chars={self.max_chars}: must be >= 1 (or null for the whole corpus)")
+        if self.val_stride is not None and not 1 <= self.val_stride <= self.block_size:
+            raise ConfigError(f"data.val_stride={self.val_stride}: an integer in [1, data.block_size={self.block_size}] "
+                              "(validation windows every S tokens, each scoring its last S), or null for "
+                              "non-overlapping windows")
 
 
 class TextLMData(DataModule):
@@ -145,10 +159,10 @@ class TextLMData(DataModule):
         return self.train_loader(ds, replacement=True, num_samples=n, **kw)
 
     def val_dataloader(self) -> DataLoader:
-        b = self.cfg.block_size
-        starts = torch.arange(0, len(self.val_tokens) - b, b)
+        b, stride = self.cfg.block_size, self.cfg.val_stride
+        starts = torch.arange(0, len(self.val_tokens) - b, stride or b)
         starts = starts[torch.randperm(len(starts), generator=torch.Generator().manual_seed(0))]
-        return self.val_loader(Windows(self.val_tokens, b, starts), batch_size=self.cfg.batch_size,
+        return self.val_loader(Windows(self.val_tokens, b, starts, stride), batch_size=self.cfg.batch_size,
                                num_workers=self.cfg.num_workers)
 
 

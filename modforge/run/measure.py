@@ -135,9 +135,14 @@ def flop_figures(task: Any, world_size: int) -> dict:
 def eval_at_lengths(cfg: DictConfig, trainer: Any, task: Any, tokenizer: Any, metrics: dict) -> None:
     """``eval_block_sizes``: validate the trained model again on the same val text cut into windows of each
     length (metrics ``val@N/loss`` ...), its positional scheme extended where it can be; a length it cannot
-    run (a learned table) is recorded under ``not_applicable`` with the reason, not as a failure."""
+    run (a learned table) is recorded under ``not_applicable`` with the reason, not as a failure.
+    ``eval_by_position``: also the mean loss at each position of those windows (``by_position["val@N"]``).
+    ``eval_stride`` S: also a sliding-window evaluation at each length, a window every S tokens scoring its last
+    S (``slideS@N/loss`` ...: every scored token sees at least N - S tokens of context)."""
     from modforge.components.positions import LengthNotSupported
+    from modforge.tasks.lm import PositionLoss
 
+    stride = cfg.get("eval_stride")
     loggers, trainer.loggers = trainer.loggers, []  # these are not points of the training curves
     try:
         for n in cfg.eval_block_sizes:
@@ -146,12 +151,28 @@ def eval_at_lengths(cfg: DictConfig, trainer: Any, task: Any, tokenizer: Any, me
             except LengthNotSupported as e:
                 metrics.setdefault("not_applicable", {})[f"val@{n}"] = str(e)
                 continue
-            dm = registry.build("data", OmegaConf.merge(cfg.data, {"block_size": int(n)}))
-            dm.prepare(tokenizer)
-            got = val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
+            tracking = bool(cfg.get("eval_by_position")) and hasattr(task, "position_loss")
+            if tracking:
+                task.position_loss = PositionLoss(int(n))
+            try:
+                got = validate_at(cfg, trainer, task, tokenizer, {"block_size": int(n)})
+                if tracking:
+                    metrics.setdefault("by_position", {})[f"val@{n}"] = task.position_loss.means(trainer.strategy)
+            finally:
+                if tracking:
+                    task.position_loss = None
             metrics["val"].update({k.replace("val/", f"val@{n}/", 1): v for k, v in got.items()})
+            if stride:
+                got = validate_at(cfg, trainer, task, tokenizer, {"block_size": int(n), "val_stride": int(stride)})
+                metrics["val"].update({k.replace("val/", f"slide{stride}@{n}/", 1): v for k, v in got.items()})
     finally:
         trainer.loggers = loggers
+
+
+def validate_at(cfg: DictConfig, trainer: Any, task: Any, tokenizer: Any, data: dict) -> dict:
+    dm = registry.build("data", OmegaConf.merge(cfg.data, data))
+    dm.prepare(tokenizer)
+    return val_metrics(trainer.validate(task, datamodule=dm, verbose=False))
 
 def val_metrics(results: list) -> dict:
     out: dict = {}

@@ -21,7 +21,7 @@ from modforge.models.flops import FlopCount
 from modforge.registry import ConfigError, build, declare
 from modforge.utils.seeds import derive
 
-IGNORE = -100  # a target with no loss: not <pad>, which may be a real token too (GPT-2 pads with <eos>)
+from modforge.utils.targets import IGNORE  # noqa: F401 - re-exported: the tasks' import of it
 
 if TYPE_CHECKING:  # only a type here; importing it would declare the data kinds before this one
     from modforge.data.base import DataFacts

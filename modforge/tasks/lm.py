@@ -1,8 +1,9 @@
 """Language-modelling tasks: ``causal_lm`` (next token) and ``masked_lm`` (BERT-style)."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 
 from modforge.data.base import TOKENS
 from modforge.models.decoding import generate
@@ -41,9 +42,14 @@ class CausalLM(Task):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
+    position_loss = None  # a PositionLoss while an evaluation records the loss at each position of the window
+
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        loss = self.xent(self.model(x), y, smoothing=0.0)
+        logits = self.model(x)
+        loss = self.xent(logits, y, smoothing=0.0)
+        if self.position_loss is not None:
+            self.position_loss.add(logits, y)
         n = int((y != IGNORE).sum())  # the mean over target tokens, whatever the batches
         self.log_mean("val/loss", loss, n, prog_bar=True)
         # bits per character: nats per token -> bits, times tokens per character of the val text
@@ -65,6 +71,29 @@ class CausalLM(Task):
         if c.sample_chars <= 0:
             return None
         return self.generate_text(c.sample_prompt, c.sample_chars, c.sample_temperature, c.sample_top_k)
+
+
+class PositionLoss:
+    """The mean cross-entropy at each position of the evaluation windows (position 0 predicts the window's second
+    token from its first): where in a window a model loses, e.g. past its training length. Sums per position,
+    reduced over DDP ranks by :meth:`means`."""
+
+    def __init__(self, length: int, device: Any = "cpu"):
+        self.sums = torch.zeros(length, dtype=torch.float64, device=device)
+        self.counts = torch.zeros(length, dtype=torch.float64, device=device)
+
+    def add(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE,
+                              reduction="none").view_as(y)
+        real = (y != IGNORE)
+        self.sums = self.sums.to(tok.device) + (tok * real).sum(0).double()
+        self.counts = self.counts.to(tok.device) + real.sum(0).double()
+
+    def means(self, strategy: Any = None) -> list:
+        sums, counts = self.sums, self.counts
+        if strategy is not None:
+            sums, counts = strategy.reduce(sums, reduce_op="sum"), strategy.reduce(counts, reduce_op="sum")
+        return [round(float(a / b), 6) if b > 0 else None for a, b in zip(sums.tolist(), counts.tolist())]
 
 
 @dataclass
