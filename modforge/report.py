@@ -20,6 +20,8 @@
                          of the other varying keys, each line's best value, flagged at the end of the sweep; and
                          a plot (with out=), log-scaled where the values span more than 10x
   panel=KEY              with x=: the lines split into panels by this key (e.g. panel=param)
+  by_position=val@N      also the loss at each position of the windows of N, as runs with eval_by_position=true
+                         recorded it: a table in ranges of positions and a plot (with out=), a line per configuration
   where=k=v[,k2=v2]      only the jobs with these overrides (a slice of the sweep, e.g. where=model.n_layers=8)
   tasks=apart|together   jobs of different tasks in separate tables (default), or in one, for a metric that means
                          the same in each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)
@@ -63,7 +65,7 @@ from modforge.results.jobs import STATUSES, ReportError, load_jobs, mark_collaps
 from modforge.results.tables import build_tables, to_csv, to_json, to_markdown
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where", "margin",
-           "collapse_tol", "study", "at", "x", "panel")
+           "collapse_tol", "study", "at", "x", "panel", "by_position")
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -72,7 +74,8 @@ def parse_args(argv: list[str]) -> dict:
                           "(python -m modforge.report --help)")
     args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
             "level": "0.95", "format": "md", "out": None, "tasks": "apart", "where": "", "margin": None,
-            "collapse_tol": "0.02", "study": "declared", "at": None, "x": None, "panel": None}
+            "collapse_tol": "0.02", "study": "declared", "at": None, "x": None, "panel": None,
+            "by_position": None}
     given = set()
     for a in argv[1:]:
         key, eq, value = a.partition("=")
@@ -174,9 +177,20 @@ def report_command(argv: list) -> None:
         extra = [row for t in tables for row in ["", *along.markdown(t, a["x"], lines[id(t)])]]
         alongs = [{"task": t.task, "metric": t.metric, "x": a["x"], "panel": a["panel"],
                    "lines": along.records(t, a["x"], lines[id(t)])} for t in tables]
-    text = {"md": lambda: to_markdown(tables, shared, counts, over, problems) + "\n".join(extra if lines else []),
+    positions = {}
+    if a["by_position"] is not None:
+        from modforge.results import positions as by_pos
+        from modforge.results.tables import label_of
+
+        positions = {id(t): by_pos.curves(t, a["by_position"], label_of) for t in tables}
+        extra = (extra if lines else []) + [row for t in tables
+                                            for row in ["", "", *by_pos.markdown(a["by_position"], positions[id(t)])]]
+    text = {"md": lambda: to_markdown(tables, shared, counts, over, problems)
+            + "\n".join(extra if lines or positions else []),
             "csv": lambda: to_csv(tables),
-            "json": lambda: to_json(tables, shared, counts, jobs, alongs if lines else None)}
+            "json": lambda: to_json(tables, shared, counts, jobs, alongs if lines else None,
+                                    [by_pos.records(a["by_position"], positions[id(t)]) for t in tables]
+                                    if positions else None)}
     print(text[a["format"]]().rstrip("\n"))
     if a["out"] is not None:
         out = Path(a["out"])
@@ -198,6 +212,9 @@ def report_command(argv: list) -> None:
         written += plots.write_all(tables, out)
         for t in tables if lines else []:
             written += plots.along(t, lines[id(t)], a["x"], out, plots.prefix_of(t, tables))
+        for t in tables if positions else []:
+            trained = by_pos.trained_length([j for r in t.rows for j in r.jobs])
+            written += plots.by_position(a["by_position"], positions[id(t)], out, plots.prefix_of(t, tables), trained)
         print(f"\nwrote {', '.join(written)} to {out}")
 
 def main(argv: Optional[list] = None) -> None:

@@ -347,6 +347,26 @@ def test_a_metric_a_run_cannot_have_is_not_applicable_not_missing(tmp_path, caps
     assert "| rope | 2 | 1.5500" in out
 
 
+def test_loss_by_position_is_the_mean_curve_of_each_configuration(tmp_path, capsys):
+    """by_position=val@8: each configuration's curve is the mean of its runs' (by position), shown in ranges of
+    positions; a key no run recorded is one line naming what was recorded."""
+    curves = {("rope", 1): [3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], ("rope", 2): [3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0],
+              ("alibi", 1): [4.0] * 8, ("alibi", 2): [2.0] * 8}
+    for i, ((pos, seed), c) in enumerate(curves.items()):
+        fake_job(tmp_path, f"{i}", [f"pos={pos}", f"seed={seed}"], 1.0 + i / 10, extra={"by_position": {"val@8": c}})
+    report.main([str(tmp_path), "by_position=val@8", "format=json"])
+    doc = json.loads(capsys.readouterr().out)["by_position"][0]
+    got = {c["label"]: c["values"] for c in doc["curves"]}
+    assert got["pos=rope"] == [3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0] and got["pos=alibi"] == [3.0] * 8
+    report.main([str(tmp_path), "by_position=val@8"])
+    out = capsys.readouterr().out
+    assert "| configuration | runs | 0–0 | 1–1 |" in out and "| pos=rope [baseline] | 2 | 3.0000 | 2.0000 | 1.0000" in out
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "by_position=val@64"])
+    err = capsys.readouterr().err
+    assert "by_position=val@64: no run recorded it" in err and "recorded here: val@8" in err
+
+
 def test_tasks_together_puts_one_pair_task_of_three_architectures_in_one_table(tmp_path, capsys):
     for i, (task, seed) in enumerate([(t, s) for t in ("seq2seq", "seq2seq_lm", "transduce") for s in (1, 2)]):
         fake_job(tmp_path, f"{i}", [f"task={task}", f"seed={seed}"], 0.5 + i / 20, task=task)

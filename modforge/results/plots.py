@@ -23,11 +23,7 @@ except ImportError as e:  # the report still prints and writes its tables
 
 from modforge.results import stats
 from modforge.results.jobs import read_curve
-
-
-def label_of(t, r) -> str:
-    """The row's overrides; a key its cell does not set (blank in the table) is left out."""
-    return ", ".join(f"{k}={v}" for k, v in zip(t.varying, r.label) if v != "") or "all runs"
+from modforge.results.tables import label_of
 
 
 def slug(text: str) -> str:
@@ -155,3 +151,22 @@ def along(t, panels: list, x: str, out: Path, prefix: str) -> list[str]:
     fig.suptitle(f"{t.task}: {t.metric} along {x}; the best of each line starred", fontsize=11)
     fig.tight_layout()
     return _save(fig, out, f"{prefix}along_{slug(x)}")
+
+
+def by_position(key: str, found: list, out: Path, prefix: str, trained: int = 0) -> list[str]:
+    """``<metric>_by_position_<key>``: the mean loss at each position of the windows, a line per configuration;
+    a dotted line at the training length when given."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    styles = ["-", "--", "-.", ":"]
+    for i, c in enumerate(found):
+        ax.plot(range(len(c.values)), c.values, linewidth=1.3, linestyle=styles[i % len(styles)],
+                label=f"{c.label} (n={c.runs})" + (" [baseline]" if c.is_baseline else ""))
+    if trained:
+        ax.axvline(trained - 0.5, color="grey", linestyle=":", linewidth=1)
+        ax.text(trained, ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.set_xlabel("position in the window")
+    ax.set_ylabel("loss (nats/token), mean over runs")
+    ax.set_title(f"loss by position, windows of {key.split('@')[-1]}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out, f"{prefix}by_position_{slug(key)}")

@@ -401,7 +401,13 @@ def to_csv(tables: list[Table]) -> str:
         w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
     return buf.getvalue()
 
-def to_json(tables: list[Table], shared: dict, counts: dict, jobs: list[Job], along: Optional[list] = None) -> str:
+def label_of(t: "Table", r: Row) -> str:
+    """The row's overrides; a key its cell does not set (blank in the table) is left out."""
+    return ", ".join(f"{k}={v}" for k, v in zip(t.varying, r.label) if v != "") or "all runs"
+
+
+def to_json(tables: list[Table], shared: dict, counts: dict, jobs: list[Job], along: Optional[list] = None,
+            by_position: Optional[list] = None) -> str:
     from modforge.utils.files import finite
 
     doc = {"shared": shared, "jobs": counts, "rows": to_records(tables),
@@ -409,6 +415,8 @@ def to_json(tables: list[Table], shared: dict, counts: dict, jobs: list[Job], al
                         if j.status not in ("finished",)]}
     if along is not None:
         doc["along"] = along  # the report's x=: the metric along one swept key (modforge.results.along)
+    if by_position is not None:
+        doc["by_position"] = by_position  # the report's by_position=: loss by position (modforge.results.positions)
     return json.dumps(finite(doc), indent=2, allow_nan=False) + "\n"
 
 def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
