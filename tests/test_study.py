@@ -248,6 +248,9 @@ def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
     assert wide_at_shared > narrow_best  # at one shared learning rate the answer would be backwards
     (v,) = rec["verdicts"]
     assert v["verdict"] == "better" and v["estimate"] < 0 and 3 <= v["pairs"] <= 6
+    for arm in rec["arms"]:  # each fresh seed's value is in the record, and the mean is theirs
+        assert len(arm["values"]) == arm["n"] and min(map(int, arm["values"])) >= 1000
+        assert arm["mean"] == pytest.approx(sum(arm["values"].values()) / arm["n"])
     assert (d / "tune" / "extend-1").is_dir()  # the wide arm's optimum was at the grid's low edge
     assert rec["runs"]["compare"] <= rec["runs"]["compare_fixed_design"] == 12
     assert {"study.md", "tuning.png", "report.json"} <= {f.name for f in d.iterdir()}

@@ -36,6 +36,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                           "mean": iv.estimate, "low": iv.low, "high": iv.high,
                           "sd": statistics.stdev(fin) if len(fin) > 1 else math.nan,
                           "diverged_or_collapsed": n_bad, "runs": len(runs),
+                          "values": {str(seed): v for seed, v in sorted(by_seed.items())},  # per fresh seed
                           "epochs": max(epochs) if epochs else math.nan, "dropout": max(dropout) if dropout else math.nan})
     planned = d.looks
     spent = sequential.spent(d.level, planned)
