@@ -46,13 +46,15 @@ def accelerator_of(trainer_cfg: Any) -> str:
 
 def devices_record(trainer: Any) -> dict:
     """What the run trained on (``metrics.json``'s ``devices``): the accelerator, the ranks, the precision, the GPUs
-    it could see (``CUDA_VISIBLE_DEVICES``, as a launcher that gives each job its own GPUs sets it) and their names."""
+    it could see (``CUDA_VISIBLE_DEVICES``, as a launcher that gives each job its own GPUs sets it) and their names,
+    and torch's CPU threads (a float reduction split over another number of threads rounds differently: re-running
+    a run to the last digit on CPU takes its thread count, e.g. ``OMP_NUM_THREADS=1`` for a job of a 2-job sweep)."""
     import torch
 
     kind = trainer.strategy.root_device.type
     record = {"accelerator": kind, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
               "precision": str(trainer.precision), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-              "float32_matmul_precision": torch.get_float32_matmul_precision()}
+              "float32_matmul_precision": torch.get_float32_matmul_precision(), "cpu_threads": torch.get_num_threads()}
     if kind == "cuda":
         record["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return record
