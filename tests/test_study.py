@@ -24,6 +24,7 @@ BLOCK = {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"]}
     ({"tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1, 1]}}, "study.tune="),
     ({"tune": {"params": {"optim.lr": [1e-3]}, "cliff": {"key": "optim.wd", "by": 0.1}}}, "study.tune="),
     ({"tune": {"params": {"optim.lr": [1e-3]}, "cliff": {"key": "optim.lr", "by": -1}}}, "study.tune="),
+    ({"tune": {"params": {"optim.lr": [1e-3]}, "cliff": {"key": "optim.lr", "by": 0.1, "within": "x"}}}, "study.tune="),
     ({"tune": {"params": {"optim.lr": [1e-3]}, "seeds": [1000]}, "seeds": {"start": 1000}}, "study.seeds.start=1000"),
     ({"sizes": [{}]}, "study.sizes="),
     ({"match": "params"}, "study.match='params': tokens (every arm"),
@@ -118,6 +119,14 @@ def test_a_best_setting_below_a_cliff_gives_way_to_the_next_smaller():
     assert tuning.choose(failed, "min", known, {"key": "optim.lr", "by": 1.0}) == "optim.lr=0.004"
     top = {k: v for k, v in results.items() if k != "optim.lr=0.016"}  # no neighbour above: an edge, kept
     assert tuning.choose(top, "min", known, cliff) == "optim.lr=0.008"
+    # within: the ffn_variants study's SwiGLU at d64 (0.002 best, 0.004 0.2 worse, 0.001 0.155 worse): without it
+    # the rule stepped down to 0.001; with within 0.05 a step down that costs more than 0.05 keeps the best
+    swi = {"optim.lr=0.001": [2.1112, 2.1248], "optim.lr=0.002": [1.9511, 1.9756], "optim.lr=0.004": [2.1817, 2.1417],
+           "optim.lr=0.008": [2.234, 2.231]}
+    known_s = {f"optim.lr={v}": {"optim.lr": v} for v in (0.001, 0.002, 0.004, 0.008)}
+    assert tuning.choose(swi, "min", known_s, cliff) == "optim.lr=0.001"
+    assert tuning.choose(swi, "min", known_s, {**cliff, "within": 0.05}) == "optim.lr=0.002"
+    assert tuning.choose(results, "min", known, {**cliff, "within": 0.05}) == "optim.lr=0.004"  # norms d96: stepped
     # two keys: the neighbour is the one with the other key equal
     known2 = {f"optim.lr={a},w={w}": {"optim.lr": a, "w": w} for a in (0.004, 0.008) for w in (0, 100)}
     res2 = {"optim.lr=0.004,w=0": [2.0], "optim.lr=0.004,w=100": [1.95], "optim.lr=0.008,w=0": [1.90],

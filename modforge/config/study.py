@@ -23,7 +23,7 @@ HYPOTHESES = {"question": "the question, in words", "metric": "a val metric, e.g
 DESIGN = {"tune": "a mapping: params ({key: [values]}, every arm alike), seeds (a list of integers), extend "
                   "(grid steps added past an edge optimum, an integer >= 0), cliff ({key: a tuned key, by: a number >= 0}: "
                   "a best setting whose next-larger neighbour along key failed or is worse by more than by is "
-                  "replaced by its next-smaller one)",
+                  "replaced by its next-smaller one; with within: w, only when that one is within w of the best)",
           "seeds": "a mapping of integers: min (>= 3), max (>= min), step (>= 1), start (the first fresh seed, "
                    "above every tuning seed)",
           "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
@@ -130,12 +130,14 @@ def _tune(value: Any, bad) -> dict:
     if not (_integer(extend) and extend >= 0):
         raise bad()
     cliff = value.get("cliff")
-    if cliff is not None and not (isinstance(cliff, dict) and set(cliff) == {"key", "by"} and cliff["key"] in params
-                                  and isinstance(cliff["by"], (int, float)) and not isinstance(cliff["by"], bool)
-                                  and cliff["by"] >= 0):
+    if cliff is not None and not (isinstance(cliff, dict) and {"key", "by"} <= set(cliff) <= {"key", "by", "within"}
+                                  and cliff["key"] in params and all(_number(cliff[k]) and cliff[k] >= 0
+                                                                     for k in ("by", "within") if k in cliff)):
         raise bad()
     out = {"params": {str(k): list(v) for k, v in params.items()}, "seeds": list(seeds), "extend": extend}
-    return {**out, "cliff": {"key": str(cliff["key"]), "by": float(cliff["by"])}} if cliff is not None else out
+    if cliff is None:
+        return out
+    return {**out, "cliff": {"key": str(cliff["key"]), **{k: float(cliff[k]) for k in ("by", "within") if k in cliff}}}
 
 
 def _as_spec(arm: dict) -> Any:

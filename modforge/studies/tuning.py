@@ -8,7 +8,8 @@
 * **Cliffs** (``cliff: {key: optim.lr, by: 0.1}``, declared with the grid): a best setting whose next-larger
   neighbour along ``key`` failed or is worse by more than ``by`` sits at the edge of stability, where two tuning
   seeds can agree and fresh seeds diverge; the next-smaller neighbour along ``key`` is chosen instead (once; when
-  it exists and did not fail). Every arm gets the same rule.
+  it exists and did not fail, and, with ``within: w``, only when it is within ``w`` of the best: a step down
+  that costs more than that keeps the best). Every arm gets the same rule.
 * **Edges**: a chosen value at the end of its dimension's grid is flagged; the optimum was not bracketed.
   With ``extend: n``, the grid is extended one step past that edge (a geometric step, the ratio of the two
   values nearest it; a value of 0 or a non-number is not extended) and tuned again, at most n times.
@@ -74,7 +75,8 @@ def neighbour(key: str, known: dict, along: str, side: str, among) -> Optional[s
 
 def below_cliff(best: str, results: dict, better: str, known: dict, cliff: dict) -> Optional[str]:
     """The next-smaller neighbour of ``best`` along ``cliff["key"]`` when its next-larger one failed or is worse
-    by more than ``cliff["by"]`` and the smaller one did not fail; else None."""
+    by more than ``cliff["by"]`` and the smaller one did not fail (nor is worse than ``best`` by more than
+    ``cliff["within"]``, when given); else None."""
     along, by = cliff["key"], float(cliff["by"])
     up = neighbour(best, known, along, "up", results)
     if up is None:
@@ -83,7 +85,11 @@ def below_cliff(best: str, results: dict, better: str, known: dict, cliff: dict)
     if not gap > by:
         return None
     down = neighbour(best, known, along, "down", results)
-    return down if down is not None and math.isfinite(score(results[down], better)) else None
+    if down is None or not math.isfinite(score(results[down], better)):
+        return None
+    if cliff.get("within") is not None and score(results[down], better) - score(results[best], better) > cliff["within"]:
+        return None
+    return down
 
 
 def edges(chosen: dict, grid: dict) -> dict:

@@ -160,7 +160,9 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
         lines.append(f"- Tuning, every arm alike: {', '.join(f'`{k}` in {v}' for k, v in d.grid.items())}, seeds "
                      f"{d.tune_seeds}, extended past an edge at most {d.extend} time(s)"
                      + (f"; below a cliff (the next-larger `{d.cliff['key']}` worse by more than {d.cliff['by']:g} or "
-                        "failed), the next-smaller is chosen" if d.cliff else "")
+                        "failed), the next-smaller is chosen"
+                        + (f" if within {d.cliff['within']:g} of the best" if "within" in d.cliff else "")
+                        if d.cliff else "")
                      + (f"; tuned at the smallest rung, carried up by `transfer: {d.transfer}`." if d.transfer else "; "
                         "tuned at every rung."))
     if len(d.rungs) > 1 or "tokens_per_param" in s:
@@ -187,8 +189,9 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                          "failed" if not math.isfinite(row["mean"]) else f"{row['mean']:.4f}", vals, mark])
         lines += [markdown_table(head, body), "", "A failed run (diverged, collapsed) makes its setting the worst."
                   + (f" A best setting whose next-larger `{d.cliff['key']}` is worse by more than {d.cliff['by']:g} (or "
-                     "failed) gives way to its next-smaller one (the cliff rule, declared with the grid)."
-                     if d.cliff else "")]
+                     "failed) gives way to its next-smaller one"
+                     + (f", if that one is within {d.cliff['within']:g} of it" if "within" in d.cliff else "")
+                     + " (the cliff rule, declared with the grid)." if d.cliff else "")]
         if "tuning.png" in plots:
             lines += ["", "![tuning curves](tuning.png)"]
     lines += ["", "## Verdicts", ""]
