@@ -378,3 +378,26 @@ def test_a_planted_change_of_ranking_reaches_the_report(tmp_path):
     assert lad["flips"] and lad["flips"][0]["decided"] and all(f is not None for f in lad["fits"].values())
     warned = writeup.warnings(d, {"tuning": [], "arms": [], "ladder": lad})
     assert any("change order between" in w and "(decided" in w for w in warned)
+
+
+def test_every_shipped_study_config_composes_into_a_design():
+    """Each experiment that declares a study: composes, and its block passes every check a study makes before its
+    probe (arms, rungs, grid and cliff rule, seeds, keys the model knows): a declared study cannot fail late."""
+    from omegaconf import OmegaConf
+
+    from modforge.config.composition import compose_job, load, preset_options
+    from modforge.studies.design import design_of
+
+    load()
+    studies = 0
+    for name in preset_options("experiment"):
+        cfg = compose_job([f"experiment={name}"])
+        if cfg.get("study") is None:
+            continue
+        block = OmegaConf.to_container(cfg.study, resolve=True)
+        base = {"max_steps": cfg.trainer.get("max_steps"), "val_check_interval": cfg.trainer.get("val_check_interval"),
+                "eval_at_start": bool(cfg.get("eval_at_start", True))}
+        d = design_of(name, [], block, 1, base)
+        assert d.compared and (d.grid or name.startswith("study_")), name
+        studies += 1
+    assert studies >= 10
