@@ -30,6 +30,17 @@ def test_cached_greedy_equals_recomputation_decoder_only(pos):
         torch.testing.assert_close(s1.step(nxt), s2.step(nxt), rtol=1e-4, atol=1e-5)
 
 
+def test_a_norm_that_mixes_positions_decodes_by_recomputing_the_prefix():
+    """norm=batch_causal normalises a position by the prefix's statistics at eval too: one position at a time
+    through a KV cache would see none of them, so decoding recomputes the prefix (use_cache is ignored)."""
+    m = build("model", {"name": "decoder_only", "d_model": 32, "n_heads": 4, "n_layers": 2, "max_len": 48},
+              Parts(pos="learned", norm="batch_causal"), V).eval()
+    prefix = torch.randint(5, V, (3, 5))
+    s = Stepper(m, prefix, use_cache=True)
+    assert not s.use_cache and s.cache is None
+    assert torch.equal(decode(s, 20), decode(Stepper(m, prefix, use_cache=False), 20))
+
+
 @pytest.mark.parametrize("pos", ["sinusoidal", "learned", "rope"])
 def test_cached_greedy_equals_recomputation_encoder_decoder(pos):
     m = model("encoder_decoder", pos)

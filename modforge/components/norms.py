@@ -19,7 +19,11 @@ class Norm(nn.Module):
 
     ``x`` is (B, T, C); ``mask`` is (B, T) bool, True at real tokens, or None
     (all real). The output has the shape of ``x``. Per-token norms ignore the mask.
+    ``mixes_positions``: a norm whose output at a position depends on other positions at eval (so decoding with a
+    KV cache, which runs one position at a time, would change it): decoding then recomputes the prefix.
     """
+    mixes_positions = False
+
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -206,29 +210,36 @@ class MaskedBatchNorm(Norm):
 
 @register("norm", "batch_causal")
 class CausalBatchNorm(MaskedBatchNorm):
-    """Masked BatchNorm whose training statistics at position t use only the batch's real tokens at positions
-    <= t (prefix statistics: cumulative sums over time), so no token's normalisation sees a later token of its
-    own or any other sequence. ``norm=batch`` mixes every position of the batch in training: in a causal model
-    that leaks the future into the past (weakly, through the mean and variance), a leak eval does not have.
+    """Masked BatchNorm whose statistics at position t use only the batch's real tokens at positions <= t (prefix
+    statistics: cumulative sums over time), so no token's normalisation sees a later token of its own or any other
+    sequence. ``norm=batch`` mixes every position of the batch in training: in a causal model that leaks the future
+    into the past (weakly, through the mean and variance), a leak eval, on running statistics, does not have.
 
-    The running statistics are those of ``norm=batch`` (all real tokens of the batch: the last prefix), and eval
-    uses them, so a trained model evaluates exactly as ``norm=batch`` would. The variance is E[x^2] - E[x]^2 over
-    the prefix (biased), computed in float32 and clamped at 0. Expects (batch, time, features).
+    Eval computes the same prefix statistics over the batch it is given: training and eval normalise alike. (A
+    first version evaluated on ``norm=batch``'s running statistics, those of whole batches: a model trained on
+    prefix statistics, which differ by position, evaluated worse than the unigram model while its training loss was
+    ``norm=batch``'s: experiments/norms.md.) So a token's output depends on the other sequences of its batch,
+    causally; at batch 1 the first position is normalised by one token's statistics (zero variance: the output is
+    the bias). The running statistics are still kept, as ``norm=batch`` keeps them. The variance is
+    E[x^2] - E[x]^2 over the prefix (biased), computed in float32 and clamped at 0. Expects (batch, time, features).
     """
 
+    mixes_positions = True  # eval uses the prefix statistics too: a KV cache would see one position at a time
+
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if not self.training or x.dim() != 3:
+        if x.dim() != 3:
             return super().forward(x, mask)
         xf = x.float()
         m = (torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(torch.float32)).unsqueeze(-1)
         count = m.sum(0).cumsum(0).clamp_min(1.0)  # (T, 1): real tokens at positions <= t
         mean = (xf * m).sum(0).cumsum(0) / count
         var = ((xf * xf * m).sum(0).cumsum(0) / count - mean * mean).clamp_min(0.0)
-        with torch.no_grad():
-            n = count[-1]
-            self.running_mean.lerp_(mean[-1], self.momentum)
-            self.running_var.lerp_(var[-1] * (n / (n - 1).clamp_min(1.0)), self.momentum)
-            self.num_batches_tracked += 1
+        if self.training:
+            with torch.no_grad():
+                n = count[-1]
+                self.running_mean.lerp_(mean[-1], self.momentum)
+                self.running_var.lerp_(var[-1] * (n / (n - 1).clamp_min(1.0)), self.momentum)
+                self.num_batches_tracked += 1
         out = ((xf - mean) * torch.rsqrt(var + self.eps)).type_as(x)
         if self.weight is not None:
             out = out * self.weight + self.bias

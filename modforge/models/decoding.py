@@ -33,13 +33,15 @@ class Stepper:
     def __init__(self, model, prefix: torch.Tensor, *, src: Optional[torch.Tensor] = None,
                  src_mask: Optional[torch.Tensor] = None, use_cache: bool = True,
                  max_context: Optional[int] = None, prefix_mask: Optional[torch.Tensor] = None):
-        self.model, self.use_cache = model, use_cache
+        # a part whose output mixes positions at eval (norm=batch_causal) cannot decode one position at a time
+        mixes = any(getattr(m, "mixes_positions", False) for m in model.modules())
+        self.model, self.use_cache = model, use_cache and not mixes
         self.max_context = min(max_context or model.cfg.max_len, model.cfg.max_len)
         self.seq = prefix
         self.mask = None if prefix_mask is None or bool(prefix_mask.all()) else prefix_mask.bool()
         self.src_mask = src_mask
         self.memory = model.encode(src, src_mask) if src is not None else None
-        self.cache = model.new_cache(self.max_context) if use_cache else None
+        self.cache = model.new_cache(self.max_context) if self.use_cache else None
         self.start_at = max(0, prefix.shape[1] - self.max_context)  # first token of the current context
         self.fed = self.start_at  # tokens of self.seq already in the cache
 
