@@ -282,9 +282,12 @@ def test_cells_are_a_union_each_crossed_with_the_grid_in_hydras_order():
 
 
 def test_a_study_with_cells_plans_each_cell_with_its_own_task(tmp_path):
-    """experiment=architectures: three architectures, each with its task and width, five seeds; the pre-flight
-    composes and checks all 15 jobs (the model/task fit included) and the sweeper numbers them in that order."""
-    p = train(tmp_path, "-m", "experiment=architectures", "dry_run=true", "hydra.sweep.dir=sw")
+    """Three architectures as cells, each with its task and width, five seeds: the pre-flight composes and checks
+    all 15 jobs (the model/task fit included) and the sweeper numbers them in that order."""
+    cells = ("hydra.sweeper.cells=[{model:encoder_decoder},"
+             "{model:decoder_only,task:seq2seq_lm,model.n_layers:4,model.d_ff:325},"
+             "{model:encoder_only,task:transduce,model.n_layers:4,model.d_ff:325}]")
+    p = train(tmp_path, "-m", "experiment=architectures", cells, "seed=1,2,3,4,5", "dry_run=true", "hydra.sweep.dir=sw")
     assert p.returncode == 0, p.stderr
     lines = [line.split(None, 1)[1] for line in p.stdout.splitlines() if line.lstrip().startswith("#")]
     assert len(lines) == 15 and not (tmp_path / "sw").exists()
