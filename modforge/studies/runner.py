@@ -214,9 +214,12 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
             break
         run_stage(d, stage, cells, d.jobs, log)
         absorb(stage, cells)
-    chosen, edge = {}, {}
+    chosen, edge, moved = {}, {}, {}
     for (a, r), results in curves.items():
         best = tuning.choose(results, d.better, known, d.cliff)
+        plain = tuning.choose(results, d.better)
+        if best is not None and plain != best:
+            moved[(a, r)] = known[plain]  # the cliff rule stepped down from this best mean
         chosen[(a, r)] = None if best is None else known[best]
         edge[(a, r)] = {} if best is None else tuning.edges(known[best], grids[(a, r)])
     small = d.tuned_rungs[0]
@@ -228,7 +231,8 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
             got = chosen[(a, small)]
             chosen[(a, r)] = None if got is None else rule(got, d.rungs[small], d.rungs[r],
                                                            d.study.get("width_key", "model.d_model"))
-    return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs}
+    return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs,
+            "moved": moved}
 
 
 def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, log: dict) -> dict:

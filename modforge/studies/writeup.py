@@ -76,7 +76,8 @@ def tuning_record(d: Design, tuned: dict) -> list:
             rows.append({"arm": a, "rung": r, "setting": tuned["settings"][key], "values": vals,
                          "mean": statistics.fmean(fin) if len(fin) == len(vals) and fin else math.nan,
                          "chosen": tuned["chosen"].get((a, r)) == tuned["settings"][key],
-                         "edge": tuned["edges"].get((a, r)) if tuned["chosen"].get((a, r)) == tuned["settings"][key] else None})
+                         "edge": tuned["edges"].get((a, r)) if tuned["chosen"].get((a, r)) == tuned["settings"][key] else None,
+                         "best_below_cliff": tuned.get("moved", {}).get((a, r)) == tuned["settings"][key]})
     return rows
 
 
@@ -185,6 +186,8 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
             vals = ", ".join("—" if not math.isfinite(v) else f"{v:.4f}" for v in row["values"])
             mark = ("**chosen**" + (" (edge: " + ", ".join(f"{k} {s_}" for k, s_ in row["edge"].items()) + ")"
                                     if row["edge"] else "")) if row["chosen"] else ""
+            if row.get("best_below_cliff"):
+                mark = "best mean; a cliff above it: the rule chose the next-smaller"
             body.append([row["rung"] or "—", row["arm"], *(str(row["setting"][k]) for k in d.grid),
                          "failed" if not math.isfinite(row["mean"]) else f"{row['mean']:.4f}", vals, mark])
         lines += [markdown_table(head, body), "", "A failed run (diverged, collapsed) makes its setting the worst."
