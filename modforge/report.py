@@ -169,24 +169,21 @@ def report_command(argv: list) -> None:
     over = tuple(k for k in a["over"].split(",") if k)
     counts = {s: sum(j.status == s for j in jobs) for s in STATUSES}
     problems = [j for j in jobs if j.status != "finished"]
-    lines = {}
+    lines, extra = {}, []
     if a["x"] is not None:
         from modforge.results import along
 
         lines = {id(t): along.along(t, a["x"], a["panel"]) for t in tables}
-        extra = [row for t in tables for row in ["", *along.markdown(t, a["x"], lines[id(t)])]]
+        extra += [row for t in tables for row in ["", *along.markdown(t, a["x"], lines[id(t)])]]
         alongs = [{"task": t.task, "metric": t.metric, "x": a["x"], "panel": a["panel"],
                    "lines": along.records(t, a["x"], lines[id(t)])} for t in tables]
     positions = {}
     if a["by_position"] is not None:
         from modforge.results import positions as by_pos
-        from modforge.results.tables import label_of
-
-        positions = {id(t): by_pos.curves(t, a["by_position"], label_of) for t in tables}
-        extra = (extra if lines else []) + [row for t in tables
-                                            for row in ["", "", *by_pos.markdown(a["by_position"], positions[id(t)])]]
+        positions = {id(t): by_pos.curves(t, a["by_position"]) for t in tables}
+        extra += [row for t in tables for row in ["", "", *by_pos.markdown(a["by_position"], positions[id(t)])]]
     text = {"md": lambda: to_markdown(tables, shared, counts, over, problems)
-            + "\n".join(extra if lines or positions else []),
+            + "\n".join(extra),
             "csv": lambda: to_csv(tables),
             "json": lambda: to_json(tables, shared, counts, jobs, alongs if lines else None,
                                     [by_pos.records(a["by_position"], positions[id(t)]) for t in tables]

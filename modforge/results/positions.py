@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from modforge.results.jobs import ReportError
+from modforge.results.tables import label_of
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Curve:
     is_baseline: bool = False
 
 
-def curves(t, key: str, label_of) -> list[Curve]:
+def curves(t, key: str) -> list[Curve]:
     """Every row's mean curve at ``key`` (e.g. ``val@256``); rows with no run that recorded it are left out."""
     out, lengths = [], set()
     for r in t.rows:
