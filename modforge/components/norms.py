@@ -21,8 +21,11 @@ class Norm(nn.Module):
     (all real). The output has the shape of ``x``. Per-token norms ignore the mask.
     ``mixes_positions``: a norm whose output at a position depends on other positions at eval (so decoding with a
     KV cache, which runs one position at a time, would change it): decoding then recomputes the prefix.
+    ``mixes_batch``: a norm whose output for a sequence depends on the other sequences of its batch at eval (so
+    eval results depend on how the batch is made up).
     """
     mixes_positions = False
+    mixes_batch = False
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError
@@ -225,6 +228,7 @@ class CausalBatchNorm(MaskedBatchNorm):
     """
 
     mixes_positions = True  # eval uses the prefix statistics too: a KV cache would see one position at a time
+    mixes_batch = True  # ... over the batch it is given
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if x.dim() != 3:
