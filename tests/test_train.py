@@ -24,6 +24,8 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     m = run(cfg, tmp_path)
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["steps"] == 4 and saved["tokens_seen"] == 4 * 12 * 64
+    # passes over the ~45,000 training characters, not loader epochs over every window start (64x fewer)
+    assert saved["epochs"] == pytest.approx(4 * 12 * 64 / 45_000, rel=0.02)
     assert math.isfinite(saved["val"]["val/loss"]) and saved["params"] > 0 and saved["tokens_per_sec"] > 0
     assert isinstance(saved["sample"], str) and len(saved["sample"]) > 0
     written = yaml.safe_load((tmp_path / "config.yaml").read_text())

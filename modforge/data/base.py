@@ -64,6 +64,13 @@ class DataModule(L.LightningDataModule):
         self.facts: Optional[DataFacts] = None
         self.data_seed: Optional[int] = None  # the run's data-order seed (set by the run; None: the global RNG)
 
+    def passes(self, tokens_seen: int) -> Optional[float]:
+        """Passes over the training data that ``tokens_seen`` training tokens make, for data whose
+        batches are windows cut at any position of one token stream (an epoch of its loader visits
+        every start position: ``block_size`` passes over the tokens). None (the default): each loader
+        example is distinct, and an epoch is one pass of the loader."""
+        return None
+
     @classmethod
     def max_positions(cls, cfg: Any) -> Optional[int]:
         """The longest sequence a batch will hold, known from the config alone, so that a too short

@@ -148,6 +148,9 @@ class TextLMData(DataModule):
         stats = {**cache.stats, "token_cache": str(cache.directory)}
         return DataFacts(tok, positions=c.positions, tokens_per_char=stats["val_tokens_per_char"], stats=stats)
 
+    def passes(self, tokens_seen: int) -> Optional[float]:
+        return tokens_seen / len(self.train_tokens) if self.train_tokens is not None else None
+
     def train_dataloader(self) -> DataLoader:
         b = self.cfg.block_size
         n = len(self.train_tokens) - b

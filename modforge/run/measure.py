@@ -4,7 +4,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,6 +35,16 @@ class Phases:
 
     def rounded(self) -> dict:
         return {k: round(v, 2) for k, v in self.seconds.items()}
+
+
+def epochs_trained(trainer: Any, dm: Any, tokens: int) -> Optional[float]:
+    """Passes over the training data: the data's own count where it has one (text cut into windows at
+    every position, where an epoch of the loader would be ``block_size`` passes), else loader epochs."""
+    passes = dm.passes(tokens) if hasattr(dm, "passes") else None
+    if passes is not None:
+        return round(passes, 3)
+    n = trainer.num_training_batches
+    return round(trainer.global_step * trainer.accumulate_grad_batches / n, 3) if n and math.isfinite(n) else None
 
 
 def parameter_counts(model: Any) -> tuple:
@@ -91,8 +101,7 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         "tokens_seen": tokens,
         # passes over the training data, and the dropout they were trained with (the report warns when a
         # comparison rests on repeated epochs without it)
-        "epochs": round(trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches, 3)
-        if trainer.num_training_batches and math.isfinite(trainer.num_training_batches) else None,
+        "epochs": epochs_trained(trainer, dm, tokens),
         "dropout": plain.get("model", {}).get("dropout"),
         # the matrix products of training at the shapes it ran (modforge.models.flops), every rank's
         **flop_figures(task, trainer.world_size),
