@@ -317,6 +317,11 @@ def test_the_report_refuses_to_pool_a_study_s_stages(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path / "compare")])
     assert "note: seeds were added to these runs adaptively by a study" in capsys.readouterr().err
+    (tmp_path / "tune" / "round-0").mkdir(parents=True)  # fixed seeds there: the note says what is wrong instead
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "tune" / "round-0")])
+    err = capsys.readouterr().err
+    assert "note: a study's tuning runs, on which each arm's setting was chosen" in err and "adaptively" not in err
 
 
 def test_what_the_review_found_stays_fixed(tmp_path):
