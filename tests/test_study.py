@@ -305,6 +305,19 @@ def test_a_study_command_with_a_mistake_is_one_line_before_any_run(argv, says, c
     assert not (tmp_path / "studies").exists()
 
 
+def test_the_plan_runs_steps_at_the_steady_rate_and_pays_the_first_steps_once():
+    from modforge.studies.stages import probe_figures, run_seconds
+
+    # 30 steps of 768 tokens in 3.0 s, the last 25 at 15,360 tokens/s: the first 5 took 1.75 s
+    m = {"steps": 30, "tokens_seen": 30 * 768, "train_seconds": 3.0, "tokens_per_sec": 7680.0,
+         "tokens_per_sec_steady": 15360.0, "session_seconds": {"setup": 0.5, "final_eval": 0.2}}
+    p = probe_figures(m)
+    assert run_seconds(p, 30, None, False) == pytest.approx(3.0 + 0.2 + 0.5)  # the probe's own time, as measured
+    assert run_seconds(p, 1030, None, False) == pytest.approx(3.0 + 1000 * 768 / 15360 + 0.2 + 0.5)
+    old = probe_figures({**m, "tokens_per_sec_steady": None})  # a run without the steady rate: the whole-run rate
+    assert run_seconds(old, 1030, None, False) == pytest.approx(1030 * 768 / 7680 + 0.2 + 0.5)
+
+
 def test_the_report_refuses_to_pool_a_study_s_stages(tmp_path, capsys):
     from modforge import report
 

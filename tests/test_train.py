@@ -20,12 +20,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
-    cfg = compose(tiny_overrides(steps=4) + ["data.max_chars=50000", "norm=rms", "pos=rope", "task.sample_chars=20"])
+    cfg = compose(tiny_overrides(steps=7) + ["data.max_chars=50000", "norm=rms", "pos=rope", "task.sample_chars=20"])
     m = run(cfg, tmp_path)
     saved = json.loads((tmp_path / "metrics.json").read_text())
-    assert saved["steps"] == 4 and saved["tokens_seen"] == 4 * 12 * 64
+    assert saved["steps"] == 7 and saved["tokens_seen"] == 7 * 12 * 64
     # passes over the ~45,000 training characters, not loader epochs over every window start (64x fewer)
-    assert saved["epochs"] == pytest.approx(4 * 12 * 64 / 45_000, rel=0.02)
+    assert saved["epochs"] == pytest.approx(7 * 12 * 64 / 45_000, rel=0.02)
+    assert saved["tokens_per_sec_steady"] > 0  # over steps 6 and 7, after the first 5
     assert math.isfinite(saved["val"]["val/loss"]) and saved["params"] > 0 and saved["tokens_per_sec"] > 0
     assert isinstance(saved["sample"], str) and len(saved["sample"]) > 0
     written = yaml.safe_load((tmp_path / "config.yaml").read_text())
@@ -35,7 +36,7 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     assert task.run_cfg["norm"]["name"] == "rms"
     x = torch.randint(5, task.tokenizer.vocab_size, (2, 16))
     ckpt = torch.load(m["checkpoint"], weights_only=False)
-    assert ckpt["global_step"] == 4
+    assert ckpt["global_step"] == 7
     with torch.no_grad():
         assert torch.isfinite(task.model(x)).all()
     assert task.tokenizer.decode(task.tokenizer.encode("def f():")) == "def f():"
@@ -61,6 +62,7 @@ def test_the_final_metrics_reuse_a_validation_of_the_last_step_and_equal_a_fresh
     assert reused["val"] == fresh["val"] and reused["steps"] == fresh["steps"] == 4
     m = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert 0 < m["seconds_to_first_step"] < m["session_seconds"]["before_run"] + m["wall_seconds"]
+    assert m["tokens_per_sec_steady"] is None  # 4 steps: none after the first 5
 
 
 def test_weights_changed_after_the_last_validation_are_validated_again(tmp_path, monkeypatch):

@@ -56,8 +56,13 @@ class RunRecord(L.Callback):
       checkpoint is redone and counted once;
     * the global RNG states (torch, CUDA, numpy, Python) at the checkpoint, set again just before the
       resumed run's first training step, so dropout and masking draw what they would have drawn;
-    * the validation loss at step 0 and the steps the run was resumed at.
+    * the validation loss at step 0 and the steps the run was resumed at;
+    * ``warm``: the step and ``train_seconds`` after this session's first ``WARM_STEPS`` steps, from which
+      the steady tokens/s is measured (a study's 30-step probe would otherwise count the first steps' start-up
+      as if every step paid it).
     """
+
+    WARM_STEPS = 5  # the first steps of a session (allocation, first backward) are left out of the steady rate
 
     def __init__(self, started: Optional[float] = None):
         self.started = time.perf_counter() if started is None else started  # this session's start
@@ -71,6 +76,8 @@ class RunRecord(L.Callback):
         self._rng: Optional[dict] = None
         self._resumed_step: Optional[int] = None
         self.first_step_clock: Optional[float] = None  # perf_counter at this session's first training batch
+        self._session_batches = 0
+        self.warm: Optional[tuple] = None  # (global step, train_seconds) once this session's first WARM_STEPS are done
 
     # ----------------------------------------------------------------- clocks
     def fit_started(self) -> None:
@@ -104,6 +111,9 @@ class RunRecord(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.first_step_clock is None:
             self.first_step_clock = time.perf_counter()
+        if self._session_batches == self.WARM_STEPS * trainer.accumulate_grad_batches:
+            self.warm = (trainer.global_step, self.train_seconds)
+        self._session_batches += 1
 
     def on_validation_start(self, trainer, pl_module):
         if self._train_t0 is not None:

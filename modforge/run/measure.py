@@ -47,6 +47,14 @@ def epochs_trained(trainer: Any, dm: Any, tokens: int) -> Optional[float]:
     return round(trainer.global_step * trainer.accumulate_grad_batches / n, 3) if n and math.isfinite(n) else None
 
 
+def steady_rate(record: Any, steps: int, tokens: int) -> Optional[float]:
+    """Tokens/s after the first steps of the last session (``RunRecord.warm``); None when it ran no more."""
+    if record.warm is None or steps <= record.warm[0]:
+        return None
+    seconds = record.train_seconds - record.warm[1]
+    return round(tokens / steps * (steps - record.warm[0]) / seconds, 1) if seconds > 0 else None
+
+
 def parameter_counts(model: Any) -> tuple:
     """(all parameters, those in embeddings): Kaplan et al.'s N is the difference, without token and learned
     position embeddings (a tied output head counts once, there)."""
@@ -111,6 +119,7 @@ def final_metrics(cfg: DictConfig, plain: dict, trainer: Any, task: Any, dm: Any
         "fit_seconds": round(getattr(record, "fit_ended", record.fit_seconds), 2),
         "train_seconds": round(record.train_seconds, 2),
         "tokens_per_sec": round(tokens / record.train_seconds, 1) if record.train_seconds > 0 else None,
+        "tokens_per_sec_steady": steady_rate(record, trainer.global_step, tokens),
         "resumed_at_steps": record.resumed_at,
         **({"init_from": initialised} if initialised else {}),
         "checkpoint": str(last) if (last := out_dir / "checkpoints" / "last.ckpt").exists() else None,

@@ -124,23 +124,32 @@ def probe(d: Design, study_dir: Path, log: dict) -> dict:
     print(f"[study] measuring this machine: {len(cells)} runs of {PROBE_STEPS} steps (each arm at each size)",
           flush=True)
     run_stage(d, study_dir / "probe", cells, d.jobs, log)
-    out = {}
-    for r in read_stage(d, study_dir / "probe", cells):
-        m, c = r["metrics"], r["cell"]
-        sec = m.get("session_seconds") or {}
-        steps = max(int(m.get("steps") or PROBE_STEPS), 1)
-        out[(c.arm, c.rung)] = {
-            "params": float(m.get("params") or math.nan),
-            "params_non_embedding": float(m.get("params_non_embedding") or math.nan),
-            "flops_per_token": float(m.get("train_flops_per_token") or math.nan),
-            "tokens_per_step": float(m.get("tokens_seen") or math.nan) / steps,
-            "tokens_per_sec": float(m.get("tokens_per_sec") or math.nan),
-            "eval_seconds": float(sec.get("final_eval") or 0.0),
-            "overhead_seconds": sum(float(sec.get(k) or 0.0) for k in ("setup", "data", "model", "trainer",
-                                                                       "fit_other", "sample")),
-            "startup_seconds": float(sec.get("before_run") or 0.0),
-        }
-    return out
+    return {(r["cell"].arm, r["cell"].rung): probe_figures(r["metrics"])
+            for r in read_stage(d, study_dir / "probe", cells)}
+
+
+def probe_figures(m: dict) -> dict:
+    """A probe run's metrics as the plan uses them. Its steps run at the steady tokens/s (after the first
+    few steps); what the first steps took beyond that is paid once per run, with the other per-run work."""
+    sec = m.get("session_seconds") or {}
+    steps = max(int(m.get("steps") or PROBE_STEPS), 1)
+    tokens_per_step = float(m.get("tokens_seen") or math.nan) / steps
+    rate = float(m.get("tokens_per_sec") or math.nan)
+    overhead = sum(float(sec.get(k) or 0.0) for k in ("setup", "data", "model", "trainer", "fit_other", "sample"))
+    steady = m.get("tokens_per_sec_steady")
+    if steady and m.get("train_seconds") and math.isfinite(tokens_per_step):
+        overhead += max(0.0, float(m["train_seconds"]) - steps * tokens_per_step / float(steady))
+        rate = float(steady)
+    return {
+        "params": float(m.get("params") or math.nan),
+        "params_non_embedding": float(m.get("params_non_embedding") or math.nan),
+        "flops_per_token": float(m.get("train_flops_per_token") or math.nan),
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_sec": rate,
+        "eval_seconds": float(sec.get("final_eval") or 0.0),
+        "overhead_seconds": overhead,
+        "startup_seconds": float(sec.get("before_run") or 0.0),
+    }
 
 
 def run_seconds(p: dict, steps: int, val_every: Optional[int], eval_at_start: bool) -> float:
