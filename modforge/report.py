@@ -153,15 +153,11 @@ def report_command(argv: list) -> None:
     if study_root is not None and (study_root / "probe").is_dir():
         import sys
 
-        stage = root.relative_to(study_root).parts[0]
-        if stage == "tune":  # fixed seeds, but the settings were chosen on these very runs
-            print(f"note: a study's tuning runs, on which each arm's setting was chosen: an arm's best setting here "
-                  f"is favoured by its own noise; the study's verdicts, on fresh seeds: {study_root / 'study.md'}",
-                  file=sys.stderr)
-        else:
-            print(f"note: seeds were added to these runs adaptively by a study; the intervals below are a fixed "
-                  f"design's, too narrow after its looks; the study's verdicts: {study_root / 'study.md'}",
-                  file=sys.stderr)
+        why = ("a study's tuning runs, on which each arm's setting was chosen: an arm's best setting here is "
+               "favoured by its own noise" if root.relative_to(study_root).parts[0] == "tune"  # fixed seeds there
+               else "seeds were added to these runs adaptively by a study; the intervals below are a fixed "
+               "design's, too narrow after its looks")
+        print(f"note: {why}; the study's verdicts: {study_root / 'study.md'}", file=sys.stderr)
     jobs = load_jobs(root)
     if not jobs:
         raise ReportError(f"{root}: no jobs (no .hydra/overrides.yaml below it)")
