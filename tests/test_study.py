@@ -419,3 +419,16 @@ def test_every_shipped_study_config_composes_into_a_design():
         assert d.compared and (d.grid or name.startswith("study_")), name
         studies += 1
     assert studies >= 10
+
+
+def test_an_arms_interval_stays_inside_its_metrics_range():
+    """Exact match near 1.0 (the architectures study): the arm's interval ends at 1, not past it, as the task's
+    metric_info bounds it; an arm of a metric nobody bounded keeps Student's t."""
+    from modforge.studies import writeup
+
+    values = [1.0, 1.0, 0.998046875, 1.0, 1.0, 1.0]
+    bounded = [{"metrics": {"metric_info": {"val/exact_match": {"low": 0.0, "high": 1.0, "better": "max"}}}}]
+    iv = writeup.arm_interval(values, bounded, "val/exact_match", 0.95)
+    assert 0.0 <= iv.low < iv.estimate < iv.high <= 1.0
+    free = writeup.arm_interval(values, [{"metrics": {}}], "val/exact_match", 0.95)
+    assert free.high > 1.0 and free.kind == "t"

@@ -27,7 +27,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
         flops[(a, r)] = statistics.fmean(f) if f else plan.flops[(a, r)]
         n_bad = sum(res["status"] in ("diverged", "collapsed") for res in runs)
         bad[(a, r)] = (n_bad, len(runs))
-        iv = stats.mean_interval(fin, d.level) if len(fin) >= 2 else stats.Interval(fin[0] if fin else math.nan)
+        iv = arm_interval(fin, runs, d.metric, d.level)
         epochs = [res["metrics"].get("epochs") for res in runs if isinstance(res["metrics"].get("epochs"), (int, float))]
         dropout = [res["metrics"].get("dropout") for res in runs if isinstance(res["metrics"].get("dropout"), (int, float))]
         arms_rows.append({"arm": a, "rung": r, "setting": tuned["chosen"].get((a, r)), "steps": plan.steps[(a, r)],
@@ -66,6 +66,24 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
     out["ladder"] = ladder_record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
     out["warnings"] = warnings(d, out)
     return out
+
+
+def metric_range(results: list, metric: str) -> tuple:
+    """(low, high) of ``metric`` as the task that logged it recorded it (``metrics.json``'s ``metric_info``: exact
+    match in [0, 1], a loss >= 0); unbounded when no run recorded it."""
+    for res in results:
+        rec = (res["metrics"].get("metric_info") or {}).get(metric)
+        if isinstance(rec, dict):
+            lo, hi = rec.get("low"), rec.get("high")
+            return -math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)
+    return -math.inf, math.inf
+
+
+def arm_interval(values: list, results: list, metric: str, level: float) -> "stats.Interval":
+    """An arm's mean over its fresh seeds with its interval, inside the metric's range (as ``modforge.report``'s)."""
+    if len(values) < 2:
+        return stats.Interval(values[0] if values else math.nan)
+    return stats.mean_interval(values, level, *metric_range(results, metric))
 
 
 def tuning_record(d: Design, tuned: dict) -> list:
