@@ -8,6 +8,7 @@ try:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 except ImportError as e:
     raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
 
@@ -58,12 +59,14 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
         if not numeric:
             ax.set_xticks(range(len(values)), [str(v) for v in values])
         elif all(_num(v) > 0 for v in values):
-            ax.set_xscale("log")
+            ax.set_xscale("log")  # ticks at the grid's own values only: log minor labels overlap (3e-3, 4e-3)
+            ax.set_xticks(sorted(_num(v) for v in values), [f"{_num(v):g}" for v in sorted(values, key=_num)])
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(key + (" (other keys at each arm's choice)" if len(d.grid) > 1 else ""))
         ax.set_ylabel(d.metric)
         ax.set_title(f"tuning at {rung or 'the config'} (★ chosen)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below the axes, off the curves
     return _save(fig, out, "tuning.png")
 
 
