@@ -432,3 +432,20 @@ def test_an_arms_interval_stays_inside_its_metrics_range():
     assert 0.0 <= iv.low < iv.estimate < iv.high <= 1.0
     free = writeup.arm_interval(values, [{"metrics": {}}], "val/exact_match", 0.95)
     assert free.high > 1.0 and free.kind == "t"
+
+
+def test_the_tuning_plot_labels_a_log_grid_with_its_own_values(tmp_path, monkeypatch):
+    """A learning-rate grid on a log axis: ticks at the grid's values, labelled as written, and no minor labels
+    (matplotlib's own log ticks put 3e-3 and 4e-3 on top of each other)."""
+    from modforge.studies import figures
+
+    d = design_of("x", [], {**BLOCK, "tune": {"params": {"optim.lr": [0.0005, 0.001, 0.002, 0.004, 0.008]}}})
+    rows = [{"rung": "", "arm": arm, "setting": {"optim.lr": lr}, "mean": 1.0, "values": [1.0], "chosen": False}
+            for arm in d.arms for lr in (0.001, 0.002, 0.004, 0.008, 0.0005)]
+    seen = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, out, name: seen.setdefault("fig", fig) and [name])
+    figures.tuning_plot(d, {"tuning": rows}, tmp_path)
+    ax = seen["fig"].axes[0]
+    seen["fig"].canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0005", "0.001", "0.002", "0.004", "0.008"]
+    assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))
