@@ -94,9 +94,14 @@ def metric_info(jobs: list[Job], metric: str) -> dict:
     """{"low", "high", "better"} of ``metric``, as the task that logged it recorded it (``metrics.json``'s
     ``metric_info``); for runs from before that record, from its name (losses >= 0 and lower is better,
     accuracies and exact match in [0, 1] and higher is better, anything else unbounded)."""
+    return info_of([j.metrics or {} for j in jobs], metric)
+
+
+def info_of(records: list, metric: str) -> dict:
+    """``metric_info`` from runs' ``metrics.json`` records (dicts), as above."""
     short = metric.split("/", 1)[-1]
-    for j in jobs:
-        info = ((j.metrics or {}).get("metric_info") or {})
+    for m in records:
+        info = (m.get("metric_info") or {})
         rec = info.get(metric) or info.get(short)
         if isinstance(rec, dict):
             lo, hi = rec.get("low"), rec.get("high")

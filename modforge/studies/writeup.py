@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from modforge.results import stats
+from modforge.results import jobs, stats
 from modforge.results.tables import fmt_count, markdown_table
 from modforge.studies import ladder, sequential, tuning
 from modforge.studies.design import Design
@@ -68,22 +68,12 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
     return out
 
 
-def metric_range(results: list, metric: str) -> tuple:
-    """(low, high) of ``metric`` as the task that logged it recorded it (``metrics.json``'s ``metric_info``: exact
-    match in [0, 1], a loss >= 0); unbounded when no run recorded it."""
-    for res in results:
-        rec = (res["metrics"].get("metric_info") or {}).get(metric)
-        if isinstance(rec, dict):
-            lo, hi = rec.get("low"), rec.get("high")
-            return -math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)
-    return -math.inf, math.inf
-
-
 def arm_interval(values: list, results: list, metric: str, level: float) -> "stats.Interval":
     """An arm's mean over its fresh seeds with its interval, inside the metric's range (as ``modforge.report``'s)."""
     if len(values) < 2:
         return stats.Interval(values[0] if values else math.nan)
-    return stats.mean_interval(values, level, *metric_range(results, metric))
+    info = jobs.info_of([res["metrics"] for res in results], metric)
+    return stats.mean_interval(values, level, info["low"], info["high"])
 
 
 def tuning_record(d: Design, tuned: dict) -> list:
