@@ -67,7 +67,7 @@ def study_command(argv: list) -> None:
     from modforge.config.composition import compose_job, load, preset_options
     from modforge.studies import runner, writeup
     from modforge.studies.design import design_of
-    from modforge.studies.stages import probe, read_log, write_log
+    from modforge.studies.stages import StageClock, probe, read_log, write_log
 
     opts, overrides = parse(argv)
     load()
@@ -86,10 +86,10 @@ def study_command(argv: list) -> None:
     state = read_log(study_dir)
     runner.check_same_study(d, json.loads(json.dumps(state)), study_dir)
     state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)))
-    log = state.setdefault("stage_seconds", {})
+    clock = StageClock(study_dir, state)
     write_log(study_dir, state)
     try:
-        p = probe(d, study_dir, log)
+        p = probe(d, study_dir, clock)
         plan = runner.make_plan(d, p)
         plan_text = runner.print_plan(d, p, plan, study_dir)
         state["plan"] = plan_text
@@ -97,8 +97,8 @@ def study_command(argv: list) -> None:
         if opts["dry_run"]:
             print("[study] dry run: nothing else runs")
             return
-        tuned = runner.tune(d, study_dir, plan, log)
-        compared = runner.compare(d, study_dir, plan, tuned["chosen"], log)
+        tuned = runner.tune(d, study_dir, plan, clock)
+        compared = runner.compare(d, study_dir, plan, tuned["chosen"], clock)
     finally:
         write_log(study_dir, state)
     rec = writeup.gather(d, p, plan, tuned, compared, state, opts["draws"])

@@ -226,6 +226,34 @@ def test_a_study_directory_answers_one_design(tmp_path):
     assert "another study" in str(e.value) and "give a new dir=" in str(e.value)
 
 
+def test_a_stage_s_wall_time_reaches_the_log_while_it_runs_and_when_it_is_interrupted(tmp_path):
+    """A sitting killed outright (a session's end) must not lose its stages' time: the log is on disk as it goes."""
+    import subprocess
+
+    from modforge.studies.stages import StageClock, read_log
+
+    seen = []
+
+    class Sweep:  # a stage's sweep: still running at two looks, then interrupted (Ctrl-C)
+        killed = False
+
+        def wait(self, timeout):
+            seen.append(read_log(tmp_path).get("stage_seconds", {}).get("s/round-0"))
+            if len(seen) < 3:
+                raise subprocess.TimeoutExpired("sweep", timeout)
+            raise KeyboardInterrupt
+
+        def kill(self):
+            self.killed = True
+
+    clock, sweep = StageClock(tmp_path, {"plan": "p"}, every=0.01), Sweep()
+    with pytest.raises(KeyboardInterrupt):
+        clock.wait(sweep, Path("s/round-0"))
+    assert seen[0] is None and 0 < seen[1] < seen[2], seen  # written after each look, growing
+    assert sweep.killed and read_log(tmp_path)["stage_seconds"]["s/round-0"] >= seen[2]
+    assert read_log(tmp_path)["plan"] == "p"
+
+
 # --------------------------------------------------------------------------- end to end
 
 def study(cwd: Path, *args: str, fault: str = ""):

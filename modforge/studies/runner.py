@@ -21,7 +21,7 @@ from typing import Optional
 from modforge.errors import ConfigError
 from modforge.studies import sequential, tuning
 from modforge.studies.design import Design
-from modforge.studies.stages import Cell, read_stage, run_seconds, run_stage, stage_cells
+from modforge.studies.stages import Cell, StageClock, read_stage, run_seconds, run_stage, stage_cells
 
 
 @dataclass
@@ -164,7 +164,7 @@ def cell(d: Design, plan: Plan, arm: str, rung: str, setting: dict, seed: int) -
     return Cell(arm, rung, tuning.key_of(setting), seed, ov)
 
 
-def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
+def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
     """Stage one. -> {"chosen": {(arm, rung): setting | None}, "curves": {(arm, rung): {key: [values]}},
     "edges": {(arm, rung): {key: side}}, "grids": ..., "settings": {key: setting}, "transferred": bool}."""
     if not d.grid:
@@ -193,7 +193,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
              for seed in d.tune_seeds]
     stage = study_dir / "tune" / "round-0"
     cells = stage_cells(stage, lambda: first)
-    run_stage(d, stage, cells, d.jobs, log)
+    run_stage(d, stage, cells, d.jobs, clock)
     absorb(stage, cells)
     for i in range(1, d.extend + 1):
         def more() -> list:
@@ -212,7 +212,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
         cells = stage_cells(stage, more)
         if not cells:
             break
-        run_stage(d, stage, cells, d.jobs, log)
+        run_stage(d, stage, cells, d.jobs, clock)
         absorb(stage, cells)
     chosen, edge, moved = {}, {}, {}
     for (a, r), results in curves.items():
@@ -235,7 +235,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, log: dict) -> dict:
             "moved": moved}
 
 
-def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, log: dict) -> dict:
+def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageClock) -> dict:
     """Stage two: fresh seeds, looks at the planned numbers of pairs, more seeds only where a comparison is open.
     -> {"values": {(arm, rung): {seed: value}}, "results": [...], "decisions": {(arm, rung): Decision | str},
     "rounds": [[(arm, rung), ...] per round], "runs": n}."""
@@ -262,7 +262,7 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, log: dict) -> 
         seeds = range(d.seeds["start"] + have, d.seeds["start"] + n)
         stage = study_dir / "compare" / f"round-{j + 1}"
         cells = stage_cells(stage, lambda: [cell(d, plan, a, r, chosen[(a, r)], s) for (a, r) in todo for s in seeds])
-        run_stage(d, stage, cells, d.jobs, log)
+        run_stage(d, stage, cells, d.jobs, clock)
         for res in read_stage(d, stage, cells):
             c = res["cell"]
             values[(c.arm, c.rung)][c.seed] = res["value"]

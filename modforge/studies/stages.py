@@ -61,7 +61,40 @@ def stage_cells(stage_dir: Path, make) -> list[Cell]:
     return cells
 
 
-def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, log: dict) -> None:
+class StageClock:
+    """Each stage's wall time, in the study's log (``study.json``: ``stage_seconds``), written to disk every
+    ``every`` seconds while the stage runs: a sitting that is killed outright (a session's end, SIGKILL) loses at
+    most that much of it, not the whole sitting."""
+
+    def __init__(self, study_dir: Path, state: dict, every: float = 30.0):
+        self.study_dir, self.state, self.every = study_dir, state, every
+        state.setdefault("stage_seconds", {})
+
+    def add(self, stage_dir: Path, seconds: float) -> None:
+        log = self.state["stage_seconds"]
+        log[str(stage_dir)] = log.get(str(stage_dir), 0.0) + seconds
+        write_log(self.study_dir, self.state)
+
+    def wait(self, proc, stage_dir: Path) -> int:
+        """Wait for the stage's sweep, adding the time to the log as it passes; on an interruption (Ctrl-C) the
+        sweep is killed, as ``subprocess.call`` does, and the time so far is kept."""
+        t = time.time()
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=self.every)
+                except subprocess.TimeoutExpired:
+                    pass
+                finally:
+                    now = time.time()
+                    self.add(stage_dir, now - t)
+                    t = now
+        except BaseException:
+            proc.kill()
+            raise
+
+
+def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: StageClock) -> None:
     """Run the stage's sweep (a subprocess; its console is this one's) unless every job already ended; stop the
     study in one line when a job failed or the sweep was interrupted."""
     if not cells:
@@ -76,9 +109,8 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, log: dic
         cmd += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]
     print(f"[study] {'/'.join(stage_dir.parts[-2:]) if stage_dir.name != 'probe' else 'probe'}: {len(cells)} jobs "
           f"({sum(r['status'] in ('finished', 'collapsed', 'diverged') for r in results)} ended before)", flush=True)
-    t0 = time.time()
-    code = subprocess.call(cmd)
-    log[str(stage_dir)] = log.get(str(stage_dir), 0.0) + time.time() - t0
+    with subprocess.Popen(cmd) as proc:
+        code = clock.wait(proc, stage_dir)
     results = read_stage(d, stage_dir, cells)
     failed = [r for r in results if r["status"] not in ("finished", "collapsed", "diverged")]
     if code in (130, 143) or code < 0:
@@ -113,7 +145,7 @@ def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
     return out
 
 
-def probe(d: Design, study_dir: Path, log: dict) -> dict:
+def probe(d: Design, study_dir: Path, clock: StageClock) -> dict:
     """A short run of every arm at every rung (``PROBE_STEPS`` steps, the config's own settings), as the study's
     jobs will run (side by side when they will): {(arm, rung): what it measured}."""
     given = {o.split("=", 1)[0].lstrip("+~") for o in d.overrides}
@@ -123,7 +155,7 @@ def probe(d: Design, study_dir: Path, log: dict) -> dict:
         for rung, rv in d.rungs.items() for arm in d.arms])
     print(f"[study] measuring this machine: {len(cells)} runs of {PROBE_STEPS} steps (each arm at each size)",
           flush=True)
-    run_stage(d, study_dir / "probe", cells, d.jobs, log)
+    run_stage(d, study_dir / "probe", cells, d.jobs, clock)
     return {(r["cell"].arm, r["cell"].rung): probe_figures(r["metrics"])
             for r in read_stage(d, study_dir / "probe", cells)}
 
