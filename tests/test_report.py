@@ -302,6 +302,19 @@ def test_a_key_the_sweep_varies_is_never_shared_even_before_its_jobs_start(tmp_p
     assert "shared:" not in out and "| norm |" in out  # (seed is pooled over, so it is in neither)
 
 
+def test_a_key_every_cell_sets_alike_is_shared_and_one_the_cells_differ_in_is_varying(tmp_path, capsys):
+    """A study's stage lists every override in each cell (its rung, its steps): only what the cells differ in
+    labels the rows, including a key some cells leave out and one whose jobs never started."""
+    fake_job(tmp_path, "0", ["pos=sinusoidal", "model.scale_embeddings=true", "model.d_model=96", "seed=1"], 1.0)
+    fake_job(tmp_path, "1", ["pos=rope", "model.d_model=96", "seed=1"], 0.9)
+    cells = [{"pos": "sinusoidal", "model.scale_embeddings": "true", "model.d_model": 96, "seed": 1},
+             {"pos": "rope", "model.d_model": 96, "seed": 1}, {"pos": "alibi", "model.d_model": 96, "seed": 1}]
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"sweeper": {"cells": cells}}}))
+    report.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("shared: model.d_model=96\n") and "| model.scale_embeddings | pos | runs |" in out
+
+
 def test_an_over_key_no_job_has_is_a_typo(sweep, capsys):
     with pytest.raises(SystemExit):
         report.main([str(sweep), "over=sed"])

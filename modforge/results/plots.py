@@ -168,5 +168,5 @@ def by_position(key: str, found: list, out: Path, prefix: str, trained: int = 0)
     ax.set_ylabel("loss (nats/token), mean over runs")
     ax.set_title(f"loss by position, windows of {key.split('@')[-1]}")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below the axes, off the curves
     return _save(fig, out, f"{prefix}by_position_{slug(key)}")

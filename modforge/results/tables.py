@@ -110,8 +110,10 @@ def swept_keys(root: Path) -> set:
         except (OSError, yaml.YAMLError, AttributeError):
             continue
         keys |= set(((h.get("sweeper") or {}).get("params") or {}))
-        for cell in (h.get("sweeper") or {}).get("cells") or []:
-            keys |= set(cell if isinstance(cell, dict) else {})
+        cells = [c for c in (h.get("sweeper") or {}).get("cells") or [] if isinstance(c, dict)]
+        # a key the cells set alike (a study's rung, its shared steps) is not swept; one they differ in, or that
+        # some cells leave out, is
+        keys |= {k for c in cells for k in c if len({str(d.get(k, "\0")) for d in cells}) > 1}
         for o in (h.get("overrides") or {}).get("task") or []:
             k, _, v = str(o).partition("=")
             if "," in v or re.match(r"\s*(glob|range|choice|interval)\(", v):
