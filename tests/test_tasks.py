@@ -131,6 +131,7 @@ def test_eval_block_sizes_validates_longer_where_positions_allow(tmp_path):
     # are the non-overlapping ones; at 128 with stride 32 each scored token sees >= 96 tokens of context
     by = m["by_position"]
     assert m["devices"]["cpu_threads"] == torch.get_num_threads()  # what re-running it to the last digit needs
+    assert m["devices"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and m["devices"]["cpu"]  # and on which kernels
     assert len(by["val@32"]) == 32 and len(by["val@128"]) == 128
     assert sum(by["val@32"]) / 32 == pytest.approx(m["val"]["val@32/loss"], abs=1e-5)
     assert m["val"]["slide32@32/loss"] == pytest.approx(m["val"]["val@32/loss"], abs=1e-6)

@@ -44,17 +44,34 @@ def accelerator_of(trainer_cfg: Any) -> str:
     return "cpu"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``, else :func:`platform.processor`; "" if neither says)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
 def devices_record(trainer: Any) -> dict:
     """What the run trained on (``metrics.json``'s ``devices``): the accelerator, the ranks, the precision, the GPUs
     it could see (``CUDA_VISIBLE_DEVICES``, as a launcher that gives each job its own GPUs sets it) and their names,
-    and torch's CPU threads (a float reduction split over another number of threads rounds differently: re-running
-    a run to the last digit on CPU takes its thread count, e.g. ``OMP_NUM_THREADS=1`` for a job of a 2-job sweep)."""
+    torch's CPU threads (a float reduction split over another number of threads rounds differently: re-running
+    a run to the last digit on CPU takes its thread count, e.g. ``OMP_NUM_THREADS=1`` for a job of a 2-job sweep),
+    and the CPU with the SIMD kernels torch chose for it (``cpu_capability``, e.g. AVX2 or AVX512: another CPU may
+    round differently, and a long run carries a last-digit difference forward)."""
     import torch
 
     kind = trainer.strategy.root_device.type
     record = {"accelerator": kind, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
               "precision": str(trainer.precision), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-              "float32_matmul_precision": torch.get_float32_matmul_precision(), "cpu_threads": torch.get_num_threads()}
+              "float32_matmul_precision": torch.get_float32_matmul_precision(), "cpu_threads": torch.get_num_threads(),
+              "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if kind == "cuda":
         record["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return record
