@@ -120,10 +120,13 @@ def test_sliding_windows_score_every_target_once_with_the_declared_context():
     assert scored == list(range(n - stride + 1, scored[-1] + 1))
 
 
-def test_eval_block_sizes_validates_longer_where_positions_allow(tmp_path):
+def test_eval_block_sizes_validates_longer_where_positions_allow(tmp_path, monkeypatch):
     """val@N is the same validation at another window length: at the training length it is val/loss itself;
     RoPE runs at 4x its max_len; a learned table is 'not applicable' there, and the curves get no extra points."""
     base = tiny_overrides(steps=2) + ["data.block_size=32", "eval_block_sizes=[32,128]", "sample=false"]
+    for k in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MKL_CBWR", "AVX2")  # recorded only: MKL read it, if at all, when this process started
     m = run(compose(base + ["pos=rope", "eval_stride=32", "eval_by_position=true"]), tmp_path / "rope")
     assert m["val"]["val@32/loss"] == pytest.approx(m["val"]["val/loss"], abs=1e-6)
     assert math.isfinite(m["val"]["val@128/loss"]) and "not_applicable" not in m
@@ -132,6 +135,7 @@ def test_eval_block_sizes_validates_longer_where_positions_allow(tmp_path):
     by = m["by_position"]
     assert m["devices"]["cpu_threads"] == torch.get_num_threads()  # what re-running it to the last digit needs
     assert m["devices"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and m["devices"]["cpu"]  # and on which kernels
+    assert m["devices"]["cpu_kernel_env"] == {"MKL_CBWR": "AVX2"}  # and what pinned them
     assert len(by["val@32"]) == 32 and len(by["val@128"]) == 128
     assert sum(by["val@32"]) / 32 == pytest.approx(m["val"]["val@32/loss"], abs=1e-5)
     assert m["val"]["slide32@32/loss"] == pytest.approx(m["val"]["val@32/loss"], abs=1e-6)

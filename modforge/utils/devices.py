@@ -58,20 +58,29 @@ def cpu_name() -> str:
     return platform.processor() or ""
 
 
+# The environment that pins torch's CPU kernels to one instruction set whatever the CPU offers: ATen's own kernels
+# (ATEN_CPU_CAPABILITY=avx2) and MKL's conditional numerical reproducibility (MKL_CBWR=AVX2), with the other two
+# limiting MKL and oneDNN. Set before the process starts; a run made with them re-runs to the last digit on any
+# x86 CPU with AVX2 (experiments/README.md, "Reproducing a cell").
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def devices_record(trainer: Any) -> dict:
     """What the run trained on (``metrics.json``'s ``devices``): the accelerator, the ranks, the precision, the GPUs
     it could see (``CUDA_VISIBLE_DEVICES``, as a launcher that gives each job its own GPUs sets it) and their names,
     torch's CPU threads (a float reduction split over another number of threads rounds differently: re-running
     a run to the last digit on CPU takes its thread count, e.g. ``OMP_NUM_THREADS=1`` for a job of a 2-job sweep),
     and the CPU with the SIMD kernels torch chose for it (``cpu_capability``, e.g. AVX2 or AVX512: another CPU may
-    round differently, and a long run carries a last-digit difference forward)."""
+    round differently, and a long run carries a last-digit difference forward), and which of ``KERNEL_ENV`` were
+    set (``cpu_kernel_env``), the variables that pin those kernels."""
     import torch
 
     kind = trainer.strategy.root_device.type
     record = {"accelerator": kind, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
               "precision": str(trainer.precision), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "float32_matmul_precision": torch.get_float32_matmul_precision(), "cpu_threads": torch.get_num_threads(),
-              "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+              "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "cpu_kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}}
     if kind == "cuda":
         record["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return record
