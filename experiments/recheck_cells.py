@@ -8,7 +8,7 @@ The cells are the rows of the "Reproducing a cell" table in experiments/README.m
 report.json that holds its values), the command that re-runs the cell alone, and the values it gave. For each
 row this script checks that every quoted value is a number in a committed report.json of that study, runs the
 command (its output in a temporary directory), and compares what the run's metrics.json says with the quoted
-value. It writes the comparison, with the date, the CPU and torch's SIMD kernels, to
+value. It writes the comparison, with the date, the CPU and each run's SIMD kernels, to
 experiments/results/recheck_cells.md, so "re-runs to its committed value" is shown by a file, not a sentence.
 """
 from __future__ import annotations
@@ -112,26 +112,30 @@ def main(argv=None) -> int:
     if args.check:
         print(f"{len(chosen)} rows, {sum(len(r['values']) for r in chosen)} values; {len(bad)} not committed")
         return 1 if bad else 0
-    lines, cpu, capability, worst = [], None, None, 0.0
+    lines, cpu, worst = [], None, 0.0
     for r in chosen:
         print(f"[recheck] {r['study']}: {r['command']}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             metrics = run(r, Path(tmp) / "run")
         devices = metrics.get("devices", {})
-        cpu, capability = devices.get("cpu", cpu), devices.get("cpu_capability", capability)
+        cpu = devices.get("cpu", cpu)
+        kernels = devices.get("cpu_capability", "?") + "".join(
+            f", {k}={v}" for k, v in devices.get("cpu_kernel_env", {}).items())
         for metric, value in today(r, metrics).items():
             quoted = float(r["values"][metric])
             delta = math.inf if value is None else abs(value - quoted)
             worst = max(worst, delta)
             verdict = "same to the last digit" if delta == 0 else ("within 1e-6" if delta <= 1e-6 else "differs")
             print(f"[recheck]   {metric}: committed {r['values'][metric]}, today {value!r} ({verdict})", flush=True)
-            lines.append(f"| {r['study']} | {metric} | {r['values'][metric]} | {value!r} | {delta:.1e} | {verdict} |")
+            lines.append(f"| {r['study']} | {metric} | {r['values'][metric]} | {value!r} | {delta:.1e} | {verdict} "
+                         f"| {kernels} |")
     head = [f"# One cell of each study, re-run on {datetime.date.today().isoformat()}", "",
             "Written by `python experiments/recheck_cells.py`: the commands of experiments/README.md's "
             "\"Reproducing a cell\" table, each run alone; the committed value is the one quoted there, which the "
             "script checked is in the study's committed report.json.", "",
-            f"CPU: {cpu}; torch's SIMD kernels: {capability}; torch {_torch_version()}.", "",
-            "| study | metric | committed | today | difference | |", "|---|---|---|---|---|---|"]
+            f"CPU: {cpu}; torch {_torch_version()}. Kernels: the SIMD kernels torch used, and the variables that "
+            "pinned them (experiments/README.md).", "",
+            "| study | metric | committed | today | difference | | kernels |", "|---|---|---|---|---|---|---|"]
     if not args.studies:
         Path(args.out).write_text("\n".join(head + lines) + "\n")
         print(f"[recheck] wrote {Path(args.out).relative_to(ROOT)}")
