@@ -60,8 +60,8 @@ def cpu_name() -> str:
 
 # The environment that pins torch's CPU kernels to one instruction set whatever the CPU offers: ATen's own kernels
 # (ATEN_CPU_CAPABILITY=avx2) and MKL's conditional numerical reproducibility (MKL_CBWR=AVX2), with the other two
-# limiting MKL and oneDNN. Set before the process starts; a run made with them re-runs to the last digit on any
-# x86 CPU with AVX2 (experiments/README.md, "Reproducing a cell").
+# limiting MKL and oneDNN. Set before the process starts. They are meant to make a run re-run to the last digit on
+# any x86 CPU with AVX2; shown so far on one machine only (experiments/README.md, "Reproducing a cell").
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
