@@ -93,7 +93,9 @@ def study_command(argv: list) -> None:
         plan = runner.make_plan(d, p)
         plan_text = runner.print_plan(d, p, plan, study_dir)
         state["plan"] = plan_text
-        runner.check_budget(d, plan, opts["force"])
+        over = runner.check_budget(d, plan, opts["force"])
+        if over:  # started past its declared budget: the report says so, across resumes
+            state["forced"] = over
         if opts["dry_run"]:
             print("[study] dry run: nothing else runs")
             return

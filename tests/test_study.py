@@ -2,6 +2,7 @@
 tuning choices, the ladder's fits and changes of ranking, the plan and the budget; end to end on toy studies."""
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import run_module
 from modforge.errors import ConfigError
 from modforge.studies import ladder, sequential, tuning
 from modforge.studies.design import design_of
+from modforge.utils.devices import KERNEL_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"]}
@@ -270,7 +272,7 @@ def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
     the middle of tuning, re-run, it completes; re-run again, it runs nothing."""
     d = tmp_path / "s"
     args = ["experiment=study_toy", f"dir={d}", "jobs=1", "trainer.enable_progress_bar=false"]
-    p = study(tmp_path, *args, fault="kill@step=50@job=3")
+    p = study(tmp_path, *args, "+study.budget.runs=1", "force=true", fault="kill@step=50@job=3")
     assert p.returncode == 2 and "interrupted; run the same command again" in p.stderr, p.stderr[-2000:]
     assert "stage 1, tuning: 2 arms x 1 rung(s) x 3 settings of optim.lr x 2 seeds = 12 runs" in p.stdout
     assert not (d / "study.md").exists() and len(files_of(d / "tune")) == 3
@@ -293,6 +295,12 @@ def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
     assert {"study.md", "tuning.png", "report.json"} <= {f.name for f in d.iterdir()}
     md = (d / "study.md").read_text()
     assert "## Tuning" in md and "**chosen**" in md and "| better |" in md
+    # what the report must say to be re-run: started past its budget (kept across the resume), and on what
+    assert "Started past its declared budget with force=true: study.budget.runs=1: the plan could take" in md
+    (m,) = rec["machines"]
+    assert m["runs"] == rec["runs"]["tune"] + rec["runs"]["compare"] and m["machine"]["cpu_threads"] >= 1
+    assert m["machine"]["cpu_kernel_env"] == {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}
+    assert f"Ran on (tuning and comparison runs, as each run's metrics.json recorded): {m['runs']} on " in md
     kept = files_of(d)
     p = study(tmp_path, *args)
     assert p.returncode == 0 and "jobs (" not in p.stdout and files_of(d) == kept  # nothing ran again

@@ -169,10 +169,11 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
     "edges": {(arm, rung): {key: side}}, "grids": ..., "settings": {key: setting}, "transferred": bool}."""
     if not d.grid:
         return {"chosen": {(a, r): {} for a in d.arms for r in d.rungs}, "curves": {}, "edges": {}, "grids": {},
-                "settings": {}, "runs": 0}
+                "settings": {}, "runs": 0, "devices": []}
     grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs}
     curves: dict = {k: {} for k in grids}
     known: dict = {}
+    devices: list = []  # each finished tuning run's metrics.json "devices": what it ran on
     runs = 0
 
     def absorb(stage: Path, cells: list) -> None:
@@ -187,6 +188,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
         for res in read_stage(d, stage, cells):
             c = res["cell"]
             curves[(c.arm, c.rung)].setdefault(c.setting, []).append(res["value"])
+            devices.append(res["metrics"].get("devices"))
             runs += 1
 
     first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms for s in tuning.settings(d.grid)
@@ -232,7 +234,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
             chosen[(a, r)] = None if got is None else rule(got, d.rungs[small], d.rungs[r],
                                                            d.study.get("width_key", "model.d_model"))
     return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs,
-            "moved": moved}
+            "moved": moved, "devices": devices}
 
 
 def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageClock) -> dict:

@@ -62,10 +62,40 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                                                         "rounds": [[f"{a} @ {r or 'the config'}" for a, r in rnd]
                                                                    for rnd in compared["rounds"]]},
            "plan": {"runs": plan.runs, "hours": plan.hours, "flops": plan.total_flops},
-           "wall_hours": sum(state.get("stage_seconds", {}).values()) / 3600, "jobs": d.jobs}
+           "wall_hours": sum(state.get("stage_seconds", {}).values()) / 3600, "jobs": d.jobs,
+           "forced": state.get("forced"),
+           "machines": machines_of([*tuned.get("devices", []), *(res["metrics"].get("devices")
+                                                                  for res in compared["results"])])}
     out["ladder"] = ladder_record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
     out["warnings"] = warnings(d, out)
     return out
+
+
+# what decides a run's last digits on a machine (metrics.json's "devices"; modforge.utils.devices)
+MACHINE_KEYS = ("accelerator", "gpus", "cpu", "cpu_capability", "cpu_threads", "cpu_kernel_env")
+
+
+def machines_of(devices: list) -> list:
+    """The machines the tuning and comparison runs ran on, as their metrics.json recorded them: one row per distinct
+    (accelerator, GPUs, CPU, its kernels, threads, pinning variables), with how many runs it took."""
+    rows: list = []
+    for dev in devices:
+        if not isinstance(dev, dict):
+            continue  # a run that did not finish
+        key = {k: dev.get(k) for k in MACHINE_KEYS}
+        row = next((r for r in rows if r["machine"] == key), None)
+        if row is None:
+            rows.append(row := {"machine": key, "runs": 0})
+        row["runs"] += 1
+    return rows
+
+
+def machine_text(m: dict) -> str:
+    what = ", ".join(m["gpus"]) if m.get("gpus") else m.get("cpu") or m.get("accelerator") or "unknown"
+    bits = [f"{m['cpu_capability']} kernels" if m.get("cpu_capability") and not m.get("gpus") else None,
+            f"{m['cpu_threads']} thread{'s' * (m['cpu_threads'] != 1)}" if m.get("cpu_threads") else None,
+            " ".join(f"{k}={v}" for k, v in (m.get("cpu_kernel_env") or {}).items()) or "kernels not pinned"]
+    return f"{what} ({', '.join(b for b in bits if b)})"
 
 
 def arm_interval(values: list, results: list, metric: str, level: float) -> "stats.Interval":
@@ -186,6 +216,11 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
     lines.append(f"Spent: {r['probe']} probe runs, {r['tune']} tuning runs, {r['compare']} comparison runs "
                  f"(the fixed design at {d.seeds['max']} seeds would have run {r['compare_fixed_design']}); "
                  f"{rec['wall_hours'] * 60:.1f} min of wall time, {rec['jobs']} job(s) side by side.")
+    if rec.get("forced"):
+        lines += ["", f"Started past its declared budget with force=true: {rec['forced']}."]
+    if rec.get("machines"):
+        lines += ["", "Ran on (tuning and comparison runs, as each run's metrics.json recorded): "
+                  + "; ".join(f"{m['runs']} on {machine_text(m['machine'])}" for m in rec["machines"]) + "."]
     if d.grid:
         lines += ["", "## Tuning", ""]
         head = ["rung", "arm", *d.grid, f"mean {d.metric}", "per seed", ""]
