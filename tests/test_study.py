@@ -322,6 +322,20 @@ def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path):
     assert (d / "ladder.png").stat().st_size > 10_000 and "## Ladder" in (d / "study.md").read_text()
 
 
+def test_the_report_says_what_the_runs_ran_on_and_what_their_records_leave_out():
+    from modforge.studies.writeup import machine_text, machines_of
+
+    pinned = {"accelerator": "cpu", "cpu": "Xeon", "cpu_capability": "AVX2", "cpu_threads": 1,
+              "cpu_kernel_env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}}
+    rows = machines_of([pinned, None, {"accelerator": "cpu", "cpu_threads": 1}, dict(pinned),
+                        {**pinned, "cpu_capability": "AVX512", "cpu_kernel_env": {}}])
+    assert [r["runs"] for r in rows] == [2, 1, 1]  # the unfinished run (None) counts nowhere
+    assert [machine_text(r["machine"]) for r in rows] == [
+        "Xeon (AVX2 kernels, 1 thread, ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2)",
+        "cpu, model not recorded (1 thread, kernel pinning not recorded)",  # a run from before the records
+        "Xeon (AVX512 kernels, 1 thread, kernels not pinned)"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["experiment=norm_quik"], "experiment=norm_quik: no such experiment. Did you mean 'norm_quick'"),
     (["experiment=vanilla_transformer"], "experiment=vanilla_transformer: it declares no study: block"),

@@ -91,10 +91,15 @@ def machines_of(devices: list) -> list:
 
 
 def machine_text(m: dict) -> str:
-    what = ", ".join(m["gpus"]) if m.get("gpus") else m.get("cpu") or m.get("accelerator") or "unknown"
-    bits = [f"{m['cpu_capability']} kernels" if m.get("cpu_capability") and not m.get("gpus") else None,
+    """One machine row in words; what a run's metrics.json did not record (runs made before modforge recorded
+    the CPU or the pinning variables) is said to be not recorded, not guessed."""
+    gpu = bool(m.get("gpus"))
+    what = ", ".join(m["gpus"]) if gpu else m.get("cpu") or f"{m.get('accelerator') or 'device'}, model not recorded"
+    env = m.get("cpu_kernel_env")
+    bits = [f"{m['cpu_capability']} kernels" if m.get("cpu_capability") and not gpu else None,
             f"{m['cpu_threads']} thread{'s' * (m['cpu_threads'] != 1)}" if m.get("cpu_threads") else None,
-            " ".join(f"{k}={v}" for k, v in (m.get("cpu_kernel_env") or {}).items()) or "kernels not pinned"]
+            None if gpu else "kernel pinning not recorded" if env is None
+            else " ".join(f"{k}={v}" for k, v in env.items()) or "kernels not pinned"]
     return f"{what} ({', '.join(b for b in bits if b)})"
 
 
