@@ -67,7 +67,7 @@ def study_command(argv: list) -> None:
     from modforge.config.composition import compose_job, load, preset_options
     from modforge.studies import runner, writeup
     from modforge.studies.design import design_of
-    from modforge.studies.stages import StageClock, probe, read_log, write_log
+    from modforge.studies.stages import StageClock, owned_log, probe, write_log
 
     opts, overrides = parse(argv)
     load()
@@ -83,7 +83,7 @@ def study_command(argv: list) -> None:
             "eval_at_start": bool(cfg.get("eval_at_start", True))}
     d = design_of(opts["experiment"], overrides, block, opts["jobs"], base)
     study_dir = Path(opts["dir"] or f"studies/{opts['experiment']}")
-    state = read_log(study_dir)
+    state = owned_log(study_dir)  # refused untouched unless the directory is new or a study's
     runner.check_same_study(d, json.loads(json.dumps(state)), study_dir)
     state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)))
     clock = StageClock(study_dir, state)
@@ -94,8 +94,9 @@ def study_command(argv: list) -> None:
         plan_text = runner.print_plan(d, p, plan, study_dir)
         state["plan"] = plan_text
         over = runner.check_budget(d, plan, opts["force"])
-        if over:  # started past its declared budget: the report says so, across resumes
-            state["forced"] = over
+        if over:  # started past its declared budget: the report says so, across resumes (the first reason)
+            state.setdefault("forced", over)
+        write_log(study_dir, state)  # the plan and the force now, not only when the sitting ends (SIGKILL)
         if opts["dry_run"]:
             print("[study] dry run: nothing else runs")
             return

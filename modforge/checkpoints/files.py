@@ -12,6 +12,7 @@ else (a pickled object whose loading would run code) is refused in one line.
 from pathlib import Path
 from typing import Any, Optional
 
+from modforge.config.untrusted import BUILT, refuse_code
 from modforge.registry import ConfigError
 
 
@@ -37,6 +38,12 @@ def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mma
     hp = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
     if not isinstance(hp, dict) or "run_cfg" not in hp or "state_dict" not in ckpt:
         raise ConfigError(f"{key}={path}: not a modforge checkpoint (it has no run config and state dict)")
+    run_cfg = hp["run_cfg"]
+    if not isinstance(run_cfg, dict):
+        raise ConfigError(f"{key}={path}: not a modforge checkpoint (its run config is not a mapping)")
+    # its config is data: a _target_ or ${...} anywhere in what may be built from it is refused (its callbacks and
+    # loggers never are: modforge.run.resume takes them from the command line)
+    refuse_code({k: v for k, v in run_cfg.items() if k not in BUILT}, f"{key}={path}", "the checkpoint's run config")
     return ckpt
 
 

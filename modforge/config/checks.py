@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.config.composition import hydra_loader, parse_overrides, preset_options
+from modforge.config.untrusted import check_targets
 from modforge.config.schema import (LOGGER_PACKAGES, PRESET_GROUPS, PROGRESS, ROOT_KEYS, SET_BY_MODFORGE, TYPE_WORDS,
                                     trainer_arguments)
 from modforge.utils.devices import PRECISIONS
@@ -21,6 +22,7 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     (with ``here=False``, for jobs a cluster runs elsewhere, not those that depend on this machine's devices).
     -> notes: settings that are legal but probably not what was meant (one line each, for the user)."""
     notes: list = []
+    check_targets(cfg)  # before anything is built or imported: _target_ only where modforge builds
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
     check_finite(cfg)
     check_trainer_keys(cfg.trainer)

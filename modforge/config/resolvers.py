@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 
 _CLAIMED: dict[str, str] = {}
+_PENDING: list = []  # each claimed directory with the parents made for it, absolute, until removed if empty
 
 
 def new_dir(pattern: str) -> str:
@@ -43,7 +44,9 @@ def new_dir(pattern: str) -> str:
         else:
             raise OSError(f"{base}: no free directory name after 9999 tries")
         _CLAIMED[pattern] = candidate
-        atexit.register(_remove_if_empty, [candidate, *map(str, made)])
+        paths = [os.path.abspath(candidate), *(os.path.abspath(str(m)) for m in made)]
+        _PENDING.append(paths)
+        atexit.register(_remove_if_empty, paths)
     return _CLAIMED[pattern]
 
 
@@ -55,7 +58,11 @@ def _remove_if_empty(paths: list) -> None:
 
 
 def forget_claimed() -> None:
-    """A second command in one process (a notebook, a test) claims its own new directory."""
+    """A second command in one process (a notebook, a test) claims its own new directory; what the first claimed
+    and left empty (a dry run, a refused command) is removed now, as the end of its process would."""
+    for paths in _PENDING:
+        _remove_if_empty(paths)
+    _PENDING.clear()
     _CLAIMED.clear()
 
 

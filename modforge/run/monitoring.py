@@ -84,6 +84,9 @@ def configured_callbacks(node: Any) -> list:
     instantiated by Hydra."""
     from hydra.utils import instantiate
 
+    from modforge.config.untrusted import check_targets
+
+    check_targets({"callbacks": node})  # validated before; checked again where it is built
     return [instantiate(v) for v in (node or {}).values() if isinstance(v, Mapping) and "_target_" in v]
 
 
@@ -160,6 +163,9 @@ def configured_loggers(node: Any, out_dir: Path, name: str, group: str) -> list:
 
     from modforge.registry import ConfigError
 
+    from modforge.config.untrusted import check_targets
+
+    check_targets({"logger": node})  # validated before; checked again where it is built
     out = []
     for key, value in (node or {}).items():
         if not isinstance(value, Mapping) or "_target_" not in value:

@@ -25,7 +25,7 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
     if "converted_from" in ckpt:
         raise registry.ConfigError(f"resume={resume}: a converted pretrained checkpoint holds weights only (no "
                                    f"optimizer, no step); fine-tune from it with init_from={resume}")
-    saved = ckpt["hyper_parameters"]["run_cfg"]
+    saved = carried(ckpt["hyper_parameters"]["run_cfg"], cfg, f"resume={resume}")
     groups = [g for g in registry.group_kinds() if g in saved]
     if user_keys is None:
         saved = {g: saved[g] for g in groups}
@@ -66,6 +66,36 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
             f"resume={resume}: that run has finished (step {step} of trainer.max_steps={max_steps}); to train it "
             f"further, raise the limit, e.g. resume={resume} trainer.max_steps={2 * step}")
     return merged
+
+# a resumed run's callbacks and loggers are this command line's (built from the shipped groups or the user's own
+# callbacks.NAME._target_), never the checkpoint's: a file's config is data; so are the command's own switches
+_NOTED: set = set()
+NOT_CARRIED = ("callbacks", "logger", "hydra", "resume", "init_from", "dry_run", "skip_invalid", "retry_failed")
+
+
+def carried(saved: Any, cfg: DictConfig, source: str) -> dict:
+    """What a resumed run takes from its checkpoint's stored config: every root key today's config knows but
+    :data:`NOT_CARRIED` (components by name through the registry, data, optimizer, schedule, trainer settings,
+    seed ...), after checking that none of it holds a ``_target_`` or an interpolation at any depth (one line
+    naming the key, before anything is built). A run whose callbacks or loggers differ from this command line's
+    gets a note saying how to keep them."""
+    from modforge.config.untrusted import refuse_code
+    from modforge.utils.console import say
+
+    if not isinstance(saved, dict):
+        raise registry.ConfigError(f"{source}: not a modforge checkpoint (its run config is not a mapping)")
+    kept = {k: v for k, v in saved.items() if isinstance(k, str) and k in cfg and k not in NOT_CARRIED}
+    refuse_code(kept, source, "the checkpoint's run config")
+    for key in ("callbacks", "logger"):
+        was = sorted(k for k, v in (saved.get(key) or {}).items() if isinstance(v, dict) and "_target_" in v) \
+            if isinstance(saved.get(key), dict) else []
+        now = sorted(k for k, v in (cfg.get(key) or {}).items() if OmegaConf.is_dict(v) and "_target_" in v)
+        if was != now and (source, key) not in _NOTED:
+            _NOTED.add((source, key))  # the pre-flight and the run both read the checkpoint: one note
+            say(f"[modforge] {source}: {key} are this command line's ({', '.join(now) or 'none'}); the run had "
+                f"{', '.join(was)} (a checkpoint's {key} are never built): add {key}=[...] to keep them")
+    return kept
+
 
 def resume_path(value: Any) -> Optional[str]:
     """``resume=``: a checkpoint file, or a run directory (its ``checkpoints/last.ckpt``); None for a fresh run."""

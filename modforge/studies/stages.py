@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from modforge.config.overrides import hydra_value
-from modforge.errors import ModforgeError
+from modforge.errors import ConfigError, ModforgeError
 from modforge.results.jobs import load_jobs, mark_collapsed, metric_value
-from modforge.studies.design import PROBE_KEYS, Design
+from modforge.studies.design import PROBE_KEYS, RUNNER_KEYS, Design
 from modforge.utils.files import read_json, write_json
 
 PROBE_STEPS = 30
@@ -61,6 +61,33 @@ def stage_cells(stage_dir: Path, make) -> list[Cell]:
     return cells
 
 
+def design_keys(d: Design) -> set:
+    """Every key a cell of this design may set: its arms', rungs' and tuning grid's, the runner's and the probe's,
+    and µP's transfer (``param``, ``param.base.*``)."""
+    return ({k for ov in (*d.arms.values(), *d.rungs.values()) for k in ov} | set(d.grid) | set(RUNNER_KEYS) |
+            set(PROBE_KEYS) | {"param"})
+
+
+def check_cells(d: Design, stage_dir: Path, cells: list) -> None:
+    """A stage's cells (``cells.json``, a file) before they become a command line: each a mapping of keys this
+    design sets to plain values, with nothing that builds or resolves; else one line naming the cell and key."""
+    from modforge.config.untrusted import check_recorded_override
+
+    allowed = design_keys(d)
+    where = stage_dir / "cells.json"
+    for i, c in enumerate(cells):
+        if not isinstance(c.overrides, dict):
+            raise ConfigError(f"{where}: cell {i} holds {type(c.overrides).__name__} overrides, not a mapping; "
+                              "this is not a stage the study wrote: give the study a new dir=")
+        for k, v in c.overrides.items():
+            if not isinstance(k, str) or (k not in allowed and not k.startswith("param.base.")) or \
+                    isinstance(v, (dict, list)):
+                raise ConfigError(f"{where}: cell {i} sets {k}={v!r}, which this study's design does not set (its "
+                                  f"keys: {', '.join(sorted(allowed))}); this is not a stage the study wrote: give "
+                                  "the study a new dir=")
+            check_recorded_override(f"{k}={v}", str(where))
+
+
 class StageClock:
     """Each stage's wall time, in the study's log (``study.json``: ``stage_seconds``), written to disk every
     ``every`` seconds while the stage runs: a sitting that is killed outright (a session's end, SIGKILL) loses at
@@ -99,6 +126,7 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
     study in one line when a job failed or the sweep was interrupted."""
     if not cells:
         return
+    check_cells(d, stage_dir, cells)
     results = read_stage(d, stage_dir, cells)
     if all(r["status"] in ("finished", "collapsed", "diverged") for r in results):
         return
@@ -109,8 +137,7 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
         cmd += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]
     print(f"[study] {'/'.join(stage_dir.parts[-2:]) if stage_dir.name != 'probe' else 'probe'}: {len(cells)} jobs "
           f"({sum(r['status'] in ('finished', 'collapsed', 'diverged') for r in results)} ended before)", flush=True)
-    with subprocess.Popen(cmd) as proc:
-        code = clock.wait(proc, stage_dir)
+    code = launch(cmd, stage_dir, clock)
     results = read_stage(d, stage_dir, cells)
     failed = [r for r in results if r["status"] not in ("finished", "collapsed", "diverged")]
     if code in (130, 143) or code < 0:
@@ -123,6 +150,37 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
         raise StudyStopped(f"{stage_dir}: {len(failed)} of {len(cells)} jobs did not end ({r['name']}: {r['status']}"
                            f"{': ' + r['error'] if r.get('error') else ''}); fix the cause and run the same command "
                            "again (failed jobs run again with retry_failed=true)")
+
+
+STAGES_ENV = "MODFORGE_STAGES"  # "inprocess": a test hook (docs/testing.md); unset: each stage its own process
+
+
+def launch(cmd: list, stage_dir: Path, clock: StageClock) -> int:
+    """Run a stage's sweep, ``cmd`` (``python -m modforge.train -m ...``), and return its exit code. By default
+    it is its own process (a sweep's Hydra, logging and signal handling are its own, and a fault or a crash in
+    one stage cannot take the study's bookkeeping with it). With ``$MODFORGE_STAGES=inprocess`` the same
+    command runs in this process, as ``python -m`` would run it (by name, :func:`runpy.run_module`): no
+    interpreter start per stage, for the tests' end-to-end studies."""
+    import os
+
+    if os.environ.get(STAGES_ENV, "") != "inprocess":
+        with subprocess.Popen(cmd) as proc:
+            return clock.wait(proc, stage_dir)
+    import runpy
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    t, argv = time.time(), list(sys.argv)
+    sys.argv = [cmd[2], *cmd[3:]]
+    try:
+        runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+        clock.add(stage_dir, time.time() - t)
 
 
 def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
@@ -191,13 +249,45 @@ def run_seconds(p: dict, steps: int, val_every: Optional[int], eval_at_start: bo
     return steps * p["tokens_per_step"] / p["tokens_per_sec"] + evals * p["eval_seconds"] + p["overhead_seconds"]
 
 
+MARK = "modforge study"  # study.json's "kind": the directory is a study's (logs written before it: experiment + study)
+STUDY_ENTRIES = ("study.json", "study.md", "report.json", "tuning.png", "ladder.png", "probe", "tune", "compare")
+
+
 def read_log(study_dir: Path) -> dict:
     return read_json(study_dir / "study.json") or {}
 
 
+def owned_log(study_dir: Path) -> dict:
+    """The study's log, from a directory the study may write to: a new or empty one, or one a study wrote (its
+    ``study.json`` marked as a study's log, and nothing beside it that a study does not write). Anything else (a
+    sweep's or a run's directory, a user's own files, a ``study.json`` modforge did not write) is refused in one
+    line, before anything is written."""
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"dir={study_dir}: {why}; a study writes only into a new directory or its own: give "
+                           "a new dir= (nothing was written)")
+
+    if study_dir.exists() and not study_dir.is_dir():
+        raise refuse("a file, not a directory")
+    entries = sorted(p.name for p in study_dir.iterdir()) if study_dir.is_dir() else []
+    if not entries:
+        return {}
+    for marker, what in (("multirun.yaml", "a sweep's directory"), ("metrics.json", "a run's directory"),
+                         ("config.yaml", "a run's directory"), (".hydra", "a run's directory")):
+        if marker in entries:
+            raise refuse(f"{what} ({marker} is there)")
+    state = read_json(study_dir / "study.json") if "study.json" in entries else None
+    if not isinstance(state, dict) or not (state.get("kind") == MARK or {"experiment", "study"} <= set(state)):
+        raise refuse("study.json there is not a study's log" if "study.json" in entries else
+                     f"it holds files a study did not write ({', '.join(entries[:3])})")
+    foreign = [e for e in entries if e not in STUDY_ENTRIES and not e.startswith(".")]
+    if foreign:
+        raise refuse(f"it holds files a study did not write ({', '.join(foreign[:3])})")
+    return state
+
+
 def write_log(study_dir: Path, state: dict) -> None:
     study_dir.mkdir(parents=True, exist_ok=True)
-    write_json(study_dir / "study.json", state)
+    write_json(study_dir / "study.json", {"kind": MARK, **state})
 
 
 def dumps(x) -> str:

@@ -270,13 +270,20 @@ def sweep_command(sweep_dir: Path) -> tuple[list, list]:
     if not record.is_file():
         raise ConfigError(f"resume={sweep_dir}: no multirun.yaml there, so it is not a sweep directory "
                           "(give the directory a sweep was started in, e.g. multirun/<date>/<time>)")
+    from modforge.config.untrusted import check_recorded_override
     from modforge.utils import readers
 
-    saved = OmegaConf.create(readers.yaml_file(record, "resume"))
-    if not isinstance(saved.get("hydra"), dict) and not OmegaConf.is_dict(saved.get("hydra")):
+    saved = readers.yaml_file(record, "resume")  # plain data: nothing in it is resolved or built
+    if not isinstance(saved.get("hydra"), dict):
         raise ConfigError(f"resume={record}: not the multirun.yaml of a sweep (no hydra section)")
-    task = [o for o in OmegaConf.to_container(saved.hydra.overrides.task)
-            if o.split("=", 1)[0].lstrip("+~") not in CONTROL_KEYS]
-    hydra = [o for o in OmegaConf.to_container(saved.hydra.overrides.hydra)
-             if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    overrides = saved["hydra"].get("overrides")
+    if not isinstance(overrides, dict) or not all(isinstance(overrides.get(k, []), list) for k in ("task", "hydra")):
+        raise ConfigError(f"resume={record}: not the multirun.yaml of a sweep (no hydra.overrides section)")
+    for o in [*overrides.get("task", []), *overrides.get("hydra", [])]:
+        if not isinstance(o, str):
+            raise ConfigError(f"resume={record}: hydra.overrides holds {o!r}, not an override (key=value)")
+    task = [o for o in overrides.get("task", []) if o.split("=", 1)[0].lstrip("+~") not in CONTROL_KEYS]
+    hydra = [o for o in overrides.get("hydra", []) if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    for o in (*task, *hydra):  # what is replayed: data only
+        check_recorded_override(o, f"resume={record}")
     return task, hydra
