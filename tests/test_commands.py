@@ -5,6 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from pathlib import Path
+
+from conftest import python, run_in_process
 
 from modforge.__main__ import VERBS, main as verb_main
 
@@ -27,11 +30,11 @@ def test_the_verb_table_answers_help_and_refuses_an_unknown_verb(capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.process  # python -m modforge itself: the module's entry point
 def test_a_verb_runs_its_command():
-    p = subprocess.run([sys.executable, "-m", "modforge", "list", "norm"], capture_output=True, text=True, timeout=120)
+    p = python("-m", "modforge", "list", "norm", cwd=Path.cwd())
     assert p.returncode == 0 and "rms" in p.stdout, p.stderr[-2000:]
-    p = subprocess.run([sys.executable, "-m", "modforge", "train", "norm=rmss"], capture_output=True, text=True,
-                       timeout=120)
+    p = run_in_process("modforge", Path.cwd(), "train", "norm=rmss")  # the verb's dispatch, without a second start
     assert p.returncode == 2 and p.stderr.startswith("error: Unknown norm 'rmss'"), p.stderr[-2000:]
 
 

@@ -43,6 +43,7 @@ def test_every_part_variant_is_covered():
     assert len(set(itertools.chain(*seen.values()))) > 10
 
 
+@pytest.mark.process  # torch.compile's inductor starts its compile workers
 @pytest.mark.slow
 def test_a_compiled_run_trains_to_the_eager_loss(tmp_path):
     from modforge.run.story import run

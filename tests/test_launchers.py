@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import run_in_process
+
 from modforge.utils.devices import accelerator_of, fused_optimizer, matmul_precision
 from modforge.sweeps.clusters import check_launcher_installed, job_gpus, job_tasks
 from modforge.sweeps.gpus import job_env
@@ -173,9 +175,14 @@ def test_launched_rank_of_srun_and_torchrun_tasks():
 # --------------------------------------------------------------------------- the launchers, for real on CPU
 
 
-def train(args, cwd, env=None, timeout=300):
-    p = subprocess.run([sys.executable, "-m", "modforge.train", *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout, env=env)
+def train(args, cwd, env=None, timeout=300, in_process=False):
+    """The command as a real process (the launcher's own processes are the subject), or with ``in_process`` the
+    command in this process (its jobs still the launcher's processes)."""
+    if in_process:
+        p = run_in_process("modforge.train", cwd, *args, threads=None)
+    else:
+        p = subprocess.run([sys.executable, "-m", "modforge.train", *args], cwd=cwd, capture_output=True,
+                           text=True, timeout=timeout, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p
 
@@ -185,11 +192,12 @@ def metrics_of(sweep):
             for d in sorted(sweep.iterdir()) if (d / "metrics.json").exists()}
 
 
+@pytest.mark.process  # the launcher starts each job as a process
 @pytest.mark.slow
 def test_gpus_launcher_runs_jobs_side_by_side_one_device_each(tmp_path):
     sweep = tmp_path / "sweep"
     p = train(["-m", "hydra/launcher=gpus", "hydra.launcher.devices=[a,b]", "seed=1,2,3", "trainer.max_steps=10",
-               "trainer.val_check_interval=10", *TINY, f"hydra.sweep.dir={sweep}"], tmp_path)
+               "trainer.val_check_interval=10", *TINY, f"hydra.sweep.dir={sweep}"], tmp_path, in_process=True)
     free, order = {"a", "b"}, []
     for line in p.stdout.splitlines():  # the launcher's own record: no device is ever given twice
         if m := re.match(r"\[modforge\] #(\d) (started|ended).* on device (\w+)", line):
@@ -205,10 +213,11 @@ def test_gpus_launcher_runs_jobs_side_by_side_one_device_each(tmp_path):
     assert sorted(m) == ["0", "1", "2"] and all(r["status"] == "finished" and r["steps"] == 10 for r in m.values())
     assert {m["0"]["devices"]["cuda_visible_devices"], m["1"]["devices"]["cuda_visible_devices"]} == {"a", "b"}
     assert "3 finished" in p.stdout
-    p = train(["-m", "resume=" + str(sweep)], tmp_path)  # re-run: every job skipped (planned from its directory)
+    p = train(["-m", "resume=" + str(sweep)], tmp_path, in_process=True)  # re-run: every job skipped (planned from its directory)
     assert "started" not in p.stdout and "3 finished" in p.stdout
 
 
+@pytest.mark.process  # submitit's local processes, a requeue
 @pytest.mark.slow
 def test_slurm_preset_on_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path):
     """hydra/launcher=slurm_local: a 2-job sweep; job #1 gets SIGUSR2 (a preemption) at step 15: it writes its
@@ -227,6 +236,7 @@ def test_slurm_preset_on_submitit_local_requeues_a_preempted_job_which_resumes(t
     assert "Caught signal SIGUSR2" in logs and "preempted" in logs
 
 
+@pytest.mark.process  # Ray's workers
 @pytest.mark.slow
 def test_ray_launcher_runs_a_two_job_sweep_on_a_local_ray(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
@@ -237,6 +247,8 @@ def test_ray_launcher_runs_a_two_job_sweep_on_a_local_ray(tmp_path):
     assert sorted(metrics_of(sweep)) == ["0", "1"]
 
 
+@pytest.mark.process  # two ranks as srun starts them
+@pytest.mark.xdist_group("ddp")  # one DDP rendezvous at a time
 @pytest.mark.slow
 def test_ddp_ranks_started_as_srun_starts_them_train_one_run(tmp_path):
     """Two processes with SLURM's task variables (what srun gives each task when tasks_per_node =

@@ -235,6 +235,7 @@ def test_an_optimizer_that_ignores_the_groups_and_adams_l2_decay_are_refused():
     registry.build("optim", {"name": "adam"}, groups)
 
 
+@pytest.mark.process  # torch.compile's inductor starts its compile workers
 def test_compiled_mup_model_has_no_graph_break_and_the_eager_logits():
     m, _ = make(64, {"name": "mup", "base": {"d_model": 32, "n_layers": 1}})
     x = torch.randint(0, V, (2, 16))

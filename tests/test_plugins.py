@@ -16,6 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import python, run_in_process
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +54,7 @@ def run_python(code: str, *path: Path, cwd: Path = REPO, timeout: int = 300) -> 
     """Run ``code`` in a fresh interpreter with ``path`` on PYTHONPATH; return the JSON it prints last."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
     env.pop("PYTHONWARNINGS", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = python("-c", textwrap.dedent(code), cwd=cwd, env=env, timeout=timeout)  # forked from the warm server
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"no RESULT line:\n{proc.stdout}\n{proc.stderr}"
@@ -106,6 +107,7 @@ def cli_error(*argv):
 """
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_broken_plugin_warns_once_and_builtins_keep_working(tmp_path):
     make_dist(tmp_path, "broken-plugin", "1.2.3", "broken_plugin_mod",
               "raise ImportError('needs libfrobnicate>=2, which is not installed')\n")
@@ -140,6 +142,7 @@ print("RESULT " + json.dumps(res))
     assert code == 2 and "broken-plugin 1.2.3" in stderr and "Unknown norm 'frobnorm'" in stderr
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_plugin_failing_halfway_leaves_nothing_registered(tmp_path):
     make_dist(tmp_path, "halfway-plugin", "0.1", "halfway_mod",
               norm_plugin("halfnorm") + "\nraise RuntimeError('second half broke')\n")
@@ -154,6 +157,7 @@ print("RESULT " + json.dumps(res))
         assert kind == "UnknownComponentError" and "halfway-plugin 0.1" in msg and "second half broke" in msg
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_plugin_declaring_a_kind_then_failing_leaves_no_kind_behind(tmp_path):
     """A plugin may declare a kind of its own; if its import then fails, the kind, its options and its default
     go with it, and every run composes as before."""
@@ -187,6 +191,7 @@ print("RESULT " + json.dumps(res))
     assert res["builtins_ok"] and "mixer broke after declaring" in res["failed"]["mixer-plugin 0.2"]
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_colliding_plugin_names_are_an_error_only_when_used(tmp_path):
     make_dist(tmp_path, "alpha-norms", "0.1.0", "alpha_norms", norm_plugin("twin", "alphaonly"))
     make_dist(tmp_path, "beta-norms", "0.2.0", "beta_norms", norm_plugin("twin"))
@@ -214,6 +219,7 @@ print("RESULT " + json.dumps(res))
     assert code == 2 and "alpha-norms 0.1.0" in stderr and "beta-norms 0.2.0" in stderr
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_plugin_reusing_a_builtin_name_never_silently_wins(tmp_path):
     make_dist(tmp_path, "shadow-norms", "0.3.0", "shadow_norms", norm_plugin("layer"))
     res = run_python(PROLOGUE + """
@@ -235,6 +241,7 @@ print("RESULT " + json.dumps(res))
         assert "built-in" in msg and "shadow-norms 0.3.0" in msg
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_hydra_searchpath_plugin_is_installed(tmp_path):
     """The SearchPathPlugin must be visible to Hydra's scan from anywhere, not only from the repo root
     (it is: once ``hydra_plugins`` and ``hydra_plugins.modforge_searchpath`` are in the packages of
@@ -252,6 +259,7 @@ print("RESULT " + json.dumps({"found": found}))
     )
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 @needs_extras
 def test_plugin_yaml_preset_is_selectable(tmp_path):
     res = run_python(PROLOGUE + """
@@ -285,13 +293,9 @@ print("RESULT " + json.dumps(res))
 @needs_extras
 def test_train_with_plugin_components(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "modforge.train", "norm=scale", "ffn=relu2", "pos=alibi",
-        "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "trainer.max_steps=5",
-        "trainer.val_check_interval=5", "trainer.limit_val_batches=2", "data.max_chars=20000",
-        f"hydra.run.dir={out}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = run_in_process("modforge.train", REPO, "norm=scale", "ffn=relu2", "pos=alibi", "model.d_model=32",
+                          "model.n_layers=1", "model.n_heads=2", "trainer.max_steps=5", "trainer.val_check_interval=5",
+                          "trainer.limit_val_batches=2", "data.max_chars=20000", f"hydra.run.dir={out}")
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     metrics = json.loads((out / "metrics.json").read_text())
     assert math.isfinite(metrics["val"]["val/loss"])
@@ -304,6 +308,7 @@ def test_train_with_plugin_components(tmp_path):
     assert cfg["pos"] == {"name": "alibi"}
 
 
+@pytest.mark.process  # a fresh interpreter: a registry this process has not loaded
 def test_discovery_startup_cost_without_plugins(capsys):
     """Measured, not asserted: reading the entry-point group on a fresh registry (built-ins already
     imported). ``entry_points`` is wrapped so the real scan runs but yields nothing, i.e. an

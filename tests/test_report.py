@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+
+from conftest import python
 import yaml
 from scipy import stats as ss
 
@@ -210,10 +212,11 @@ def test_csv_and_out_dir_write_every_format_and_real_plots(sweep, tmp_path, caps
         assert matplotlib.image.imread(png)[..., :3].var() > 1e-3  # not blank
 
 
+@pytest.mark.process  # an interpreter where matplotlib cannot be imported
 def test_without_matplotlib_the_tables_still_print_with_a_hint(sweep, tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             f"from modforge import report; report.main([{str(sweep)!r}, 'out={tmp_path / 'rep'}'])")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    p = python("-c", code, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "| rope |" in p.stdout and "no plots: matplotlib is not installed; for plots: pip install 'modforge[report]'" in p.stdout
     assert (tmp_path / "rep" / "report.md").exists()

@@ -2,6 +2,7 @@
 tuning choices, the ladder's fits and changes of ranking, the plan and the budget; end to end on toy studies."""
 import json
 import math
+import re
 import os
 from pathlib import Path
 
@@ -259,21 +260,30 @@ def test_a_stage_s_wall_time_reaches_the_log_while_it_runs_and_when_it_is_interr
 # --------------------------------------------------------------------------- end to end
 
 def study(cwd: Path, *args: str, fault: str = ""):
+    """The study command with every stage in its process (``MODFORGE_STAGES=inprocess``): in this process, or a
+    real ``python -m modforge.study`` where a fault kills it."""
     return run_module("modforge.study", cwd, *args, fault=fault, threads=None, timeout=600)
+
+
+@pytest.fixture
+def stages_in_process(monkeypatch):
+    monkeypatch.setenv("MODFORGE_STAGES", "inprocess")
 
 
 def files_of(d: Path) -> dict:
     return {p: p.stat().st_mtime_ns for p in d.rglob("metrics.json")}
 
 
+@pytest.mark.process  # one sitting SIGKILLed outright
 @pytest.mark.slow
-def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
-    """study_toy: the wide model is worse at the narrow one's best learning rate and better at its own. Killed in
-    the middle of tuning, re-run, it completes; re-run again, it runs nothing."""
+def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path, stages_in_process):
+    """study_toy: the wide model is worse at the narrow one's best learning rate and better at its own. Killed
+    outright in the middle of tuning (a real process, SIGKILLed with its stages), re-run, it completes; re-run
+    again, it runs nothing. The budget never refuses here (force=true): the test must pass on a slow machine."""
     d = tmp_path / "s"
-    args = ["experiment=study_toy", f"dir={d}", "jobs=1", "trainer.enable_progress_bar=false"]
-    p = study(tmp_path, *args, "+study.budget.runs=1", "force=true", fault="kill@step=50@job=3")
-    assert p.returncode == 2 and "interrupted; run the same command again" in p.stderr, p.stderr[-2000:]
+    args = ["experiment=study_toy", f"dir={d}", "jobs=1", "trainer.enable_progress_bar=false", "force=true"]
+    p = study(tmp_path, *args, "+study.budget.runs=1", fault="kill@step=50@job=3")
+    assert p.returncode == -9, (p.returncode, p.stderr[-2000:])
     assert "stage 1, tuning: 2 arms x 1 rung(s) x 3 settings of optim.lr x 2 seeds = 12 runs" in p.stdout
     assert not (d / "study.md").exists() and len(files_of(d / "tune")) == 3
     p = study(tmp_path, *args)
@@ -307,9 +317,10 @@ def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path):
+def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path, stages_in_process):
     d = tmp_path / "l"
-    args = ["experiment=study_ladder_toy", f"dir={d}", "trainer.enable_progress_bar=false", "draws=100"]
+    args = ["experiment=study_ladder_toy", f"dir={d}", "trainer.enable_progress_bar=false", "draws=100", "jobs=1",
+            "force=true"]
     p = study(tmp_path, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads((d / "report.json").read_text())
@@ -499,3 +510,19 @@ def test_the_tuning_plot_labels_a_log_grid_with_its_own_values(tmp_path, monkeyp
     seen["fig"].canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0005", "0.001", "0.002", "0.004", "0.008"]
     assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))
+
+
+@pytest.mark.parametrize("code, says", [(-9, "interrupted; run the same command again"),
+                                        (130, "interrupted; run the same command again"),
+                                        (2, "the sweep did not start (its error is above)")])
+def test_a_stage_that_did_not_end_stops_the_study_in_one_line(tmp_path, monkeypatch, code, says):
+    """What a stage's exit code means to the study (its sweep killed, Ctrl-C, refused before any job), without
+    starting one: the launch is replaced by its exit code."""
+    from modforge.studies import stages
+
+    d = design_of("x", [], BLOCK, jobs=1, base={"max_steps": 10, "val_check_interval": 5, "eval_at_start": False})
+    cells = [stages.Cell(d.baseline, "", "", 1, {**d.arms[d.baseline], "seed": 1})]
+    monkeypatch.setattr(stages, "launch", lambda cmd, stage_dir, clock: code)
+    clock = stages.StageClock(tmp_path, {})
+    with pytest.raises(stages.StudyStopped, match=re.escape(says)):
+        stages.run_stage(d, tmp_path / "probe", cells, 1, clock)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_module, tiny_overrides
+from conftest import python_popen, run_module, tiny_overrides
 from modforge.config import compose
 from modforge.run.story import run
 
@@ -97,6 +97,7 @@ def test_a_directory_holding_another_configuration_is_refused_and_left_alone(tmp
 
 # --------------------------------------------------------------------------- exact resume
 
+@pytest.mark.process  # SIGKILL at a step and mid-save
 @pytest.mark.slow
 def test_a_run_killed_at_a_step_or_while_writing_a_checkpoint_resumes_bit_for_bit(tmp_path):
     # epochs of 15 batches, checkpoints every 10 steps: at step 10 and 20 inside an epoch, at 30 at its end
@@ -178,6 +179,7 @@ def test_invalid_jobs_stop_the_sweep_unless_skipped_and_a_dry_run_trains_nothing
     assert [d.name.split("_")[0] for d in job_dirs(sweep)] == ["0", "2"]  # each job keeps its number
 
 
+@pytest.mark.process  # SIGKILL during a job
 @pytest.mark.slow
 def test_a_sweep_killed_during_a_job_resumes_where_it_stopped(tmp_path, capsys):
     from modforge import report
@@ -205,14 +207,14 @@ def test_a_sweep_killed_during_a_job_resumes_where_it_stopped(tmp_path, capsys):
     assert ended == 3 and sorted(r["norm"] for r in rows["rows"]) == ["batch", "layer", "rms"]  # the unigram model
 
 
+@pytest.mark.process  # two processes at once
 @pytest.mark.slow
 def test_two_runs_started_at_the_same_moment_get_their_own_directories(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MODFORGE_FAULT", None)
-    cmd = [sys.executable, "-m", "modforge.train", *TINY, "trainer.max_steps=2", "trainer.val_check_interval=2",
+    cmd = ["-m", "modforge.train", *TINY, "trainer.max_steps=2", "trainer.val_check_interval=2",
            "hydra.run.dir=${modforge_new_dir:runs/same-name}"]  # one name for both: the second must not take it
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [python_popen(*cmd, cwd=tmp_path, env=env) for _ in range(2)]  # two processes, forked warm
     for pr in procs:
         out, err = pr.communicate(timeout=300)
         assert pr.returncode == 0, err[-3000:]
@@ -296,6 +298,7 @@ def test_a_study_with_cells_plans_each_cell_with_its_own_task(tmp_path):
     assert lines[14].startswith("model=encoder_only task=transduce model.n_layers=4 model.d_ff=325 seed=5")
 
 
+@pytest.mark.process  # SIGTERM and the exit code
 @pytest.mark.slow
 def test_sigterm_to_a_sweep_exits_143_with_the_summary_and_the_resume_hint(tmp_path):
     import signal
@@ -304,9 +307,8 @@ def test_sigterm_to_a_sweep_exits_143_with_the_summary_and_the_resume_hint(tmp_p
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("MODFORGE_FAULT", None)
     sweep = tmp_path / "sweep"
-    p = subprocess.Popen([sys.executable, "-m", "modforge.train", "-m", *TINY, "trainer.max_steps=100000",
-                          "trainer.val_check_interval=50", "seed=1,2", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = python_popen("-m", "modforge.train", "-m", *TINY, "trainer.max_steps=100000", "trainer.val_check_interval=50",
+                     "seed=1,2", f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(sweep.glob("0_*/logs/metrics.csv")):
         time.sleep(0.5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import tiny_overrides
+from conftest import python, run_in_process, run_module, tiny_overrides
 from modforge.config import compose
 from modforge.checkpoints import load_checkpoint
 from modforge.run.story import run
@@ -19,6 +19,7 @@ from modforge.plugins import load_all
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.process  # an interpreter that has not loaded the registry
 def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     cfg = compose(tiny_overrides(steps=7) + ["data.max_chars=50000", "norm=rms", "pos=rope", "task.sample_chars=20"])
     m = run(cfg, tmp_path)
@@ -42,7 +43,7 @@ def test_run_writes_metrics_config_and_a_rebuildable_checkpoint(tmp_path):
     assert task.tokenizer.decode(task.tokenizer.encode("def f():")) == "def f():"
     # ... also in a fresh interpreter that has not loaded the registry
     code = f"from modforge.checkpoints import load_checkpoint; print(load_checkpoint({m['checkpoint']!r}).run_cfg['pos']['name'])"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    p = python("-c", code, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.strip() == "rope", p.stderr[-2000:]
 
 
@@ -205,11 +206,10 @@ def test_bad_trainer_key_is_a_clear_error(tmp_path):
 
 
 def train_cli(tmp_path, *args, steps=120):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "modforge.train", *args, "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
-           f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=8",
-           "scheduler.warmup_steps=10", f"hydra.run.dir={tmp_path}"]
-    p = subprocess.run(cmd, cwd=tmp_path.parent, env=env, capture_output=True, text=True, timeout=600)
+    args = [*args, "model.d_model=32", "model.n_heads=2", "model.n_layers=1", f"trainer.max_steps={steps}",
+            f"trainer.val_check_interval={steps}", "trainer.limit_val_batches=8", "scheduler.warmup_steps=10",
+            f"hydra.run.dir={tmp_path}"]
+    p = run_in_process("modforge.train", tmp_path.parent, *args, threads=None)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads((tmp_path / "metrics.json").read_text()), p.stdout
 
@@ -248,16 +248,17 @@ def test_cli_sweep_runs_every_job_into_its_own_flat_directory(tmp_path):
     corpus.parent.mkdir()
     corpus.write_text("".join(f"line {i}: to be, or not to be\n" for i in range(3000)))
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "modforge.train", "-m", "norm=layer,rms", "data=text", f"data.path={corpus}",
-           "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4", "trainer.val_check_interval=4",
-           "trainer.limit_val_batches=2", "sample=false", f"hydra.sweep.dir={sweep}"]
-    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    p = run_module("modforge.train", tmp_path, "-m", "norm=layer,rms", "data=text", f"data.path={corpus}",
+                   "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=4",
+                   "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "sample=false",
+                   f"hydra.sweep.dir={sweep}")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
     assert [d.name.split("_", 1)[0] for d in jobs] == ["0", "1"]
     assert {json.loads((d / "metrics.json").read_text())["config"]["norm"] for d in jobs} == {"layer", "rms"}
 
 
+@pytest.mark.process  # joblib's worker processes
 @pytest.mark.slow
 def test_cli_sweep_with_the_joblib_launcher_runs_jobs_in_parallel_processes_and_a_failure_stays_in_its_job(tmp_path):
     sweep = tmp_path / "sweep"
@@ -276,10 +277,8 @@ def test_cli_sweep_with_the_joblib_launcher_runs_jobs_in_parallel_processes_and_
     assert json.loads((jobs[1] / "status.json").read_text())["status"] == "failed"
 
 
-@pytest.mark.slow
 def test_cli_unknown_option_is_one_clear_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "modforge.train", "norm=rmss"], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=120)
+    p = run_module("modforge.train", tmp_path, "norm=rmss")
     assert p.returncode == 2
     assert "Did you mean 'rms'" in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
@@ -328,9 +327,11 @@ def test_data_longer_than_model_positions_fails_before_training(tmp_path):
         run(cfg, tmp_path)
 
 
+@pytest.mark.process  # Lightning starts rank 1 from sys.argv
+@pytest.mark.xdist_group("ddp")  # one DDP rendezvous at a time
 @pytest.mark.slow
-@pytest.mark.parametrize("param", [[], ["param=mup", "param.base.d_model=16"]], ids=["standard", "mup"])
-def test_ddp_on_cpu_with_two_processes(tmp_path, param):
+@pytest.mark.parametrize("param", [["param=mup", "param.base.d_model=16"]], ids=["mup"])  # one run holds both:
+def test_ddp_on_cpu_with_two_processes(tmp_path, param):  # DDP itself, and µP's groups under it
     """trainer=ddp with the gloo backend: two processes, one run directory, global token count; and its
     validation is one process's: the same items once each (3 batches of 12 split 18/18, each rank's last
     batch partial), means reduced by sums, so its checkpoint re-evaluated on one process gives its val loss."""
@@ -376,6 +377,8 @@ def test_a_sweep_jobs_command_line_for_its_ddp_ranks():
                                   "hydra.verbose=true", "norm=rms", "trainer=ddp"]
 
 
+@pytest.mark.process  # Lightning relaunches each job's ranks from sys.argv
+@pytest.mark.xdist_group("ddp")  # one DDP rendezvous at a time
 @pytest.mark.slow
 def test_ddp_inside_a_sweep_runs_each_job_once_in_its_own_directory(tmp_path):
     """Lightning relaunches DDP ranks from sys.argv (#11300): inside -m they must run their job, not the sweep."""
@@ -395,9 +398,8 @@ def test_ddp_inside_a_sweep_runs_each_job_once_in_its_own_directory(tmp_path):
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
-@pytest.mark.slow
-def test_train_help_lists_the_config_groups_and_no_nested_kind():
-    p = subprocess.run([sys.executable, "-m", "modforge.train", "--help"], capture_output=True, text=True, timeout=120)
+def test_train_help_lists_the_config_groups_and_no_nested_kind(tmp_path):
+    p = run_module("modforge.train", tmp_path, "--help")
     assert p.returncode == 0, p.stderr[-2000:]
     groups = p.stdout.split("== Configuration groups ==")[1].split("== Keys of the run ==")[0]
     assert "norm: batch" in groups and "experiment:" in groups and "logger: csv" in groups
@@ -433,14 +435,12 @@ def test_a_failing_run_leaves_its_status_and_error(tmp_path):
 @pytest.mark.slow
 def test_a_study_with_its_own_grid_runs_in_one_command_and_reports(tmp_path):
     """experiment=norm_quick carries hydra.sweeper.params: -m alone runs its grid (one seed here, tiny)."""
-    cmd = [sys.executable, "-m", "modforge.train", "-m", "experiment=norm_quick", "hydra.sweeper.params.seed=1",
-           "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=3",
-           "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "data.max_chars=20000",
-           "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path / 'study'}"]
-    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    p = run_module("modforge.train", tmp_path, "-m", "experiment=norm_quick", "hydra.sweeper.params.seed=1",
+                   "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "trainer.max_steps=3",
+                   "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "data.max_chars=20000",
+                   "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path / 'study'}")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    r = subprocess.run([sys.executable, "-m", "modforge.report", str(tmp_path / "study"), "format=json"],
-                       capture_output=True, text=True, timeout=120)
+    r = run_module("modforge.report", tmp_path, str(tmp_path / "study"), "format=json")
     rows = json.loads(r.stdout)["rows"]
     assert sorted(row["norm"] for row in rows) == ["batch", "layer", "rms"]
     assert all(row["ended_runs"] == 1 for row in rows)  # finished (or, 3 steps being no training, collapsed)
@@ -553,6 +553,7 @@ print("torch" in sys.modules, "lightning" in sys.modules)
 """
 
 
+@pytest.mark.process  # an interpreter where torch cannot be imported
 @pytest.mark.slow
 def test_help_list_and_tab_completion_answer_without_torch(tmp_path):
     """After one full load has cached the registry's manifest, --help, modforge.catalog and a completion query
