@@ -57,6 +57,8 @@ def _interpreters_only_where_marked(request, monkeypatch):
     forked = forkserver.STARTS[0]
     yield
     started += [["<forked>"]] * (forkserver.STARTS[0] - forked)
+    _COUNTS["interpreters"] += sum(a != ["<forked>"] for a in started)
+    _COUNTS["forked"] += sum(a == ["<forked>"] for a in started)
     if started and request.node.get_closest_marker("process") is None:
         pytest.fail(f"{request.node.name} started {len(started)} Python interpreter(s) ({started[0]!r:.120}) "
                     "without @pytest.mark.process: run the command in process (conftest.run_module / "
@@ -84,9 +86,16 @@ def fork_server() -> forkserver.ForkServer:
     return _SERVER[0]
 
 
+_COUNTS = {"interpreters": 0, "forked": 0}  # this worker's starts (MODFORGE_TEST_STARTS=<file> appends them)
+
+
 def pytest_sessionfinish(session, exitstatus):
     for server in _SERVER:
         server.close()
+    if os.environ.get("MODFORGE_TEST_STARTS"):
+        with open(os.environ["MODFORGE_TEST_STARTS"], "a", encoding="utf-8") as fh:
+            fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {_COUNTS['interpreters']} "
+                     f"{_COUNTS['forked']}\n")
 
 
 def python(*argv: str, cwd: Path, env: Optional[dict] = None, timeout: int = 300) -> subprocess.CompletedProcess:
