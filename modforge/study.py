@@ -84,8 +84,15 @@ def study_command(argv: list) -> None:
     d = design_of(opts["experiment"], overrides, block, opts["jobs"], base)
     study_dir = Path(opts["dir"] or f"studies/{opts['experiment']}")
     state = owned_log(study_dir)  # refused untouched unless the directory is new or a study's
-    runner.check_same_study(d, json.loads(json.dumps(state)), study_dir)
-    state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)))
+    config = runner.config_of(cfg)  # every job's config but the runner's keys: the study's identity with its block
+    if runner.ran_before(study_dir):  # a design is fixed once it has results
+        runner.check_same_study(d, json.loads(json.dumps(state)), study_dir, config)
+    elif state:  # a design that never ran (refused, failed before any record) is not pinned: start it afresh
+        runner.forget_unrun(study_dir)
+        state = {k: v for k, v in state.items() if k == "stage_seconds"}
+    runner.check_cells_compose(d)  # every arm, rung and grid value before the probe: one line naming the study key
+    state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)),
+                 config=config)
     clock = StageClock(study_dir, state)
     write_log(study_dir, state)
     try:
@@ -113,8 +120,26 @@ def study_command(argv: list) -> None:
         print(f"  {v['arm']}{at}: {v['verdict']}{num} ({v['why']})")
 
 
+def stoppable(argv: list) -> None:
+    """The study, stopped by Ctrl-C or SIGTERM in one line: its running stage is told to stop (its jobs keep
+    their last checkpoint and record 'interrupted') and waited for, then the exit is 128 + the signal with the
+    hint; no stage is left running."""
+    import sys
+
+    from modforge.cli.command import signal_name, signals_noted
+
+    received: list = []
+    try:
+        with signals_noted(received):
+            study_command(argv)
+    except KeyboardInterrupt:
+        print(f"error: stopped by {signal_name(received)}: run the same command again to continue where it "
+              "stopped (finished runs are kept, interrupted ones resume)", file=sys.stderr)
+        sys.exit(128 + received[0] if received else 130)
+
+
 def main(argv: Optional[list] = None) -> None:
-    command(__doc__, study_command, argv)
+    command(__doc__, stoppable, argv)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ After every command the sentinel is absent and the user's file byte-identical.
 import copy
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,6 +210,8 @@ def test_report_reads_a_planted_run_as_data(trained, tmp_path, capsys):
 def study_cells(tmp_path, cells_overrides) -> None:
     (tmp_path / "s" / "probe").mkdir(parents=True)
     (tmp_path / "s" / "study.json").write_text(json.dumps({"kind": "modforge study"}))
+    (tmp_path / "s" / "probe" / "99_done").mkdir()  # a run ended: the kept cells are the design's (not forgotten)
+    (tmp_path / "s" / "probe" / "99_done" / "metrics.json").write_text("{}")
     (tmp_path / "s" / "probe" / "cells.json").write_text(json.dumps(
         {"cells": [{"arm": "a", "rung": "", "setting": "", "seed": 0, "overrides": ov} for ov in cells_overrides]}))
 
@@ -284,3 +287,158 @@ def test_a_study_refuses_a_file_as_its_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     err = one_line_refusal(capsys, lambda: study_main(["experiment=study_toy", f"dir={f}"]))
     assert "a file" in err and f.read_text() == "mine"
+
+
+# --------------------------------------------------------------------------- a study knows its runs
+
+def test_a_study_whose_experiment_changed_outside_its_block_is_refused(tmp_path, capsys, monkeypatch):
+    """The experiment edited outside its study: block (steps 80 -> 20) and re-run into the same dir: refused in
+    one line naming the key, before anything runs or is rewritten."""
+    from modforge.config.composition import compose_job, load
+    from modforge.studies import runner
+
+    load()
+    config = runner.config_of(compose_job(["experiment=study_toy"]))
+    config["trainer"]["max_steps"] = 20  # what the runs were trained with
+    d = tmp_path / "s"
+    (d / "probe" / "0_x").mkdir(parents=True)
+    (d / "probe" / "0_x" / "metrics.json").write_text("{}")  # a run ended: the design is fixed
+    (d / "study.json").write_text(json.dumps({"kind": "modforge study", "experiment": "study_toy", "config": config}))
+    before = sha(d / "study.json")
+    monkeypatch.chdir(tmp_path)
+    err = one_line_refusal(capsys, lambda: study_main(["experiment=study_toy", f"dir={d}"]))
+    assert "trainer.max_steps: 20 there, 80 now" in err and "give a new dir=" in err
+    assert sha(d / "study.json") == before
+
+
+def write_job(stage, num, overrides):
+    job = stage / f"{num}_job"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (job / "metrics.json").write_text(json.dumps({"status": "finished", "val": {"val/loss": 2.0}, "steps": 3}))
+
+
+def test_a_kept_job_is_checked_against_its_cell_before_its_result_is_used(tmp_path):
+    """cells.json edited after its jobs ran (seed 1 -> 2): the job would be read as another seed; refused, naming
+    the job and the difference."""
+    from modforge.errors import ConfigError
+    from modforge.studies.design import design_of
+    from modforge.studies.stages import Cell, read_stage
+
+    d = design_of("x", [], {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"]}, jobs=1)
+    stage = tmp_path / "compare" / "round-1"
+    write_job(stage, 0, ["norm=layer", "trainer.max_steps=3", "seed=1"])
+    ok = read_stage(d, stage, [Cell("norm=layer", "", "", 1, {"norm": "layer", "trainer.max_steps": 3, "seed": 1})])
+    assert ok[0]["status"] == "finished"
+    with pytest.raises(ConfigError, match=r"job #0 ran seed=1, but its cell in cells.json says seed=2"):
+        read_stage(d, stage, [Cell("norm=layer", "", "", 2, {"norm": "layer", "trainer.max_steps": 3, "seed": 2})])
+
+
+def test_a_design_that_never_ran_is_not_pinned(tmp_path):
+    """A refused or failed design left cells and a log but no record: fixing it and running again starts afresh
+    (the kept cells are the old design's and would run again otherwise)."""
+    from modforge.studies import runner
+    from modforge.studies.stages import owned_log
+
+    d = tmp_path / "s"
+    (d / "probe" / "0_x" / ".hydra").mkdir(parents=True)
+    (d / "probe" / "cells.json").write_text(json.dumps({"cells": [{"arm": "a", "rung": "", "setting": "", "seed": 0,
+                                                                    "overrides": {"optim.lrr": 1}}]}))
+    (d / "probe" / "0_x" / "status.json").write_text(json.dumps({"status": "failed", "error": "x"}))
+    (d / "study.json").write_text(json.dumps({"kind": "modforge study", "experiment": "study_toy",
+                                              "study": {"tune": {"params": {"optim.lrr": [1]}}}}))
+    assert owned_log(d) and not runner.ran_before(d)
+    runner.forget_unrun(d)
+    assert not (d / "probe").exists() and (d / "study.json").exists()
+
+
+# --------------------------------------------------------------------------- refusals before the probe
+
+@pytest.mark.parametrize("argv, says", [
+    (["~study.tune.params", "+study.tune.params={optim.lrr:[0.003,0.03]}"], "study.tune.params.optim.lrr=0.003: "),
+    (["~study.tune.params", "+study.tune.params={optim.lr:[0.003,0.003]}"], "study.tune.params.optim.lr=[0.003, 0.003]: 0.003 is listed twice"),
+    (["~study.tune.params", "+study.tune.params={seed:[1,2]}"], "study.tune.params.seed: the runner sets seed"),
+    (["~study.tune.params", "+study.tune.params={trainer.max_steps:[10,20]}"], "study.tune.params.trainer.max_steps: the runner sets"),
+    (["study.compare=[{model.d_model:16,model.n_heads:2,seed:3}]"], "sets seed, which the runner sets"),
+    (["study.compare=[{model.d_model:16,model.n_heads:2}]"], "is listed twice (or is the baseline)"),
+    (["study.compare=[{model.d_model:24,model.n_heads:5}]"], "study.compare: model.d_model=24,model.n_heads=5: "),
+])
+def test_a_broken_design_is_refused_before_the_probe_naming_the_study_key(tmp_path, capsys, monkeypatch, argv, says):
+    monkeypatch.chdir(tmp_path)
+    err = one_line_refusal(capsys, lambda: study_main(["experiment=study_toy", f"dir={tmp_path / 's'}", *argv]))
+    assert says in err and "hydra.sweeper.cells" not in err, err
+    assert not (tmp_path / "s").exists()  # nothing written, nothing pinned
+
+
+@pytest.mark.parametrize("value", ["x}y", "it's", "a\\b", "[1, 2]", "{a: 1}", "0.001", "${x}", "'quoted'"])
+def test_a_cell_value_reaches_its_job_as_written(value):
+    """A study's cell value, through the internal override and the sweeper's expansion, is the value declared
+    (a value holding } or ' is a string, not a grammar error; a list stays a list)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from modforge.config.grid import cell_overrides
+    from modforge.studies.stages import Cell, cells_argument
+
+    parser = OverridesParser.create()
+    cells = parser.parse_overrides([f"hydra.sweeper.cells={cells_argument([Cell('a', '', '', 1, {'k': value})])}"])
+    (ov,) = cell_overrides(cells[0].value())[0:1][0]
+    got = parser.parse_override(ov).value()
+    assert got == value or str(got) == value or got == [1, 2] and value == "[1, 2]" or \
+        got == {"a": 1} and value == "{a: 1}" or got == 0.001 and value == "0.001", (value, ov, got)
+
+
+# --------------------------------------------------------------------------- signals
+
+def test_ctrl_c_stops_a_study_in_one_line_with_130(capsys, monkeypatch):
+    from modforge import study
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "study_command", interrupted)
+    with pytest.raises(SystemExit) as e:
+        study_main(["experiment=study_toy"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 130
+    assert err.startswith("error: stopped by an interruption: run the same command again") and "\n" not in err
+
+
+@pytest.mark.process  # SIGTERM to the study and its stage's own process
+@pytest.mark.slow
+def test_sigterm_stops_a_study_and_its_stage_with_143_and_no_orphan(tmp_path):
+    import os
+    import signal
+    import time
+
+    from conftest import python_popen
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("MODFORGE_STAGES", None)  # the stage is its own process, as for users
+    env.pop("MODFORGE_FAULT", None)
+    p = python_popen("-m", "modforge.study", "experiment=study_toy", f"dir={tmp_path / 's'}", "jobs=1", "force=true",
+                     cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list((tmp_path / "s" / "tune").glob("round-0/0_*/logs/metrics.csv")):
+        time.sleep(0.2)
+    stage = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and
+             b"modforge.train" in _cmdline(d) and str(tmp_path).encode() in _cmdline(d)]
+    assert stage, "the probe's sweep is not running"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("error: stopped by SIGTERM: run the same command again")
+    assert not [pid for pid in stage if Path(f"/proc/{pid}").exists() and b"modforge.train" in
+                _cmdline(Path(f"/proc/{pid}"))], "the stage outlived the study"
+    from modforge.results.jobs import load_jobs
+
+    stage = tmp_path / "s" / "tune" / "round-0"
+    finished = [j for j in load_jobs(stage) if j.status == "finished"]
+    # the stage's sweep was told to stop, wrote its summary (interrupted jobs: exit 1) and trained no further
+    assert json.loads((stage / "sweep.json").read_text())["exit"] == 1 and len(finished) < 12
+
+
+def _cmdline(d) -> bytes:
+    try:
+        return (d / "cmdline").read_bytes()
+    except OSError:
+        return b""

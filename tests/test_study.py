@@ -239,12 +239,21 @@ def test_a_stage_s_wall_time_reaches_the_log_while_it_runs_and_when_it_is_interr
 
     class Sweep:  # a stage's sweep: still running at two looks, then interrupted (Ctrl-C)
         killed = False
+        signalled = None
 
         def wait(self, timeout):
+            if self.signalled is not None:
+                return 143  # it stopped when told (SIGTERM), as a sweep does
             seen.append(read_log(tmp_path).get("stage_seconds", {}).get("s/round-0"))
             if len(seen) < 3:
                 raise subprocess.TimeoutExpired("sweep", timeout)
             raise KeyboardInterrupt
+
+        def poll(self):
+            return None if self.signalled is None else 143
+
+        def send_signal(self, sig):
+            self.signalled = sig
 
         def kill(self):
             self.killed = True
@@ -253,7 +262,10 @@ def test_a_stage_s_wall_time_reaches_the_log_while_it_runs_and_when_it_is_interr
     with pytest.raises(KeyboardInterrupt):
         clock.wait(sweep, Path("s/round-0"))
     assert seen[0] is None and 0 < seen[1] < seen[2], seen  # written after each look, growing
-    assert sweep.killed and read_log(tmp_path)["stage_seconds"]["s/round-0"] >= seen[2]
+    import signal
+
+    assert sweep.signalled == signal.SIGTERM and not sweep.killed  # told to stop and waited for, not killed
+    assert read_log(tmp_path)["stage_seconds"]["s/round-0"] >= seen[2]
     assert read_log(tmp_path)["plan"] == "p"
 
 

@@ -22,9 +22,22 @@ def cell_overrides(cells: Any) -> list:
     return [[f"{k}={_override_value(v)}" for k, v in c.items()] for c in cells]
 
 def _override_value(v: Any) -> str:
+    """A cell's value as the override grammar should read it: as written when the grammar reads it (a list, a
+    number, a name), else quoted, so that a value holding ``}`` or ``'`` is that string, not a grammar error."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    return "null" if v is None else str(v)
+    if v is None:
+        return "null"
+    text = str(v)
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from modforge.config.overrides import quoted
+
+    try:
+        read = OverridesParser.create().parse_override(f"k={text}").value()
+    except Exception:  # noqa: BLE001 - hydra's OverrideParseException and the grammar's own errors
+        return quoted(text)
+    return quoted(text) if isinstance(read, str) and read != text else text  # a string reads back as itself
 
 def expand_jobs(cells: Any, params: dict, arguments: list, parse) -> list:
     """Every job's overrides: each cell (in order) crossed with the grid (``params``, then the command line),

@@ -26,6 +26,11 @@ def hydra_value(value: str) -> str:
     """``value`` as one Hydra override value (quoted when it holds characters the override grammar reads)."""
     if re.fullmatch(r"[A-Za-z0-9_./@%+:-]+", value):
         return value
+    return quoted(value)
+
+
+def quoted(value: str) -> str:
+    """``value`` as a single-quoted Hydra string that reads back as exactly ``value``."""
     # in a quoted value Hydra reads a backslash as an escape only before a quote or at the end: only those double
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 

@@ -121,6 +121,7 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
                int(tune.get("extend", 0)), seeds, sequential.looks(seeds["min"], seeds["max"], seeds["step"]), jobs,
                dict(base or {}))
     check_keys(d)
+    check_arms_and_grid(d)
     if d.tune_seeds and max(d.tune_seeds) >= seeds["start"]:
         raise ConfigError(f"study.seeds.start={seeds['start']}: the comparison's seeds must be fresh, above every "
                           f"tuning seed (study.tune.seeds={d.tune_seeds}); give study.seeds.start")
@@ -170,6 +171,31 @@ def check_keys(d: Design) -> None:
         if key in fixed:
             raise ConfigError(f"{o}: the study sets {key} in every job (an arm, a rung, the tuning grid, or the "
                               f"runner: {', '.join(RUNNER_KEYS)}); change it in the experiment's study: block")
+
+
+def check_arms_and_grid(d: Design) -> None:
+    """Arms that are variants and a grid that is a grid, in one line naming the study key: no arm equal to the
+    baseline or differing from it only in a key the runner sets (a seed is not a variant), no arm or grid over
+    a key the runner sets, no grid value listed twice."""
+    base = d.arms[d.baseline]
+    for spec, ov in d.arms.items():
+        own = sorted(set(ov) & set(RUNNER_KEYS))
+        if own:
+            raise ConfigError(f"study.{'baseline' if spec == d.baseline else 'compare'}: {spec} sets {own[0]}, which "
+                              f"the runner sets in every job ({', '.join(RUNNER_KEYS)}); an arm is a variant")
+        if spec != d.baseline and {k: str(v) for k, v in ov.items()} == {k: str(v) for k, v in base.items()}:
+            raise ConfigError(f"study.compare: {spec} is the baseline ({d.baseline}) written another way; "
+                              "an arm must differ from it")
+    for key, values in d.grid.items():
+        if key in RUNNER_KEYS or key.lstrip("+~") in RUNNER_KEYS:
+            raise ConfigError(f"study.tune.params.{key}: the runner sets {key} in every job ({', '.join(RUNNER_KEYS)}); "
+                              "tune a setting of the model or its training")
+        seen: set = set()
+        for v in values:
+            if str(v) in seen or (isinstance(v, (int, float)) and any(
+                    isinstance(w, (int, float)) and float(w) == float(v) for w in values[:values.index(v)])):
+                raise ConfigError(f"study.tune.params.{key}={values}: {v} is listed twice")
+            seen.add(str(v))
 
 
 def default_jobs() -> int:

@@ -280,10 +280,70 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
     return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results)}
 
 
-def check_same_study(d: Design, state: dict, study_dir: Path) -> None:
-    """A study directory answers one declared study: a different block or command line needs a new ``dir=``."""
+def check_cells_compose(d: Design) -> None:
+    """Every value of the tuning grid (with the baseline at the first rung) and every arm at every rung (with the
+    grid's first values) composed and validated as its jobs will be, before the probe: a mistake is one line
+    naming the study's key, never the runner's internal override."""
+    from modforge.config.checks import validate
+    from modforge.config.composition import compose_job
+    from modforge.config.grid import cell_overrides
+
+    def check(cell: dict, where: str) -> None:
+        try:
+            validate(compose_job([f"experiment={d.experiment}", *d.overrides,
+                                  *(cell_overrides([cell])[0] if cell else [])]))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    first = {k: v[0] for k, v in d.grid.items()}
+    small = next(iter(d.rungs.values()))
+    for k, values in d.grid.items():
+        for v in values:
+            check({**d.arms[d.baseline], **small, **first, k: v}, f"study.tune.params.{k}={v}")
+    for arm, ov in d.arms.items():
+        for rung, rv in d.rungs.items():
+            role = "baseline" if arm == d.baseline else "compare"
+            check({**ov, **rv, **first}, f"study.{role}: {arm}{f' at rung {rung}' if rung else ''}")
+
+
+def config_of(cfg) -> dict:
+    """The composed config every job starts from (resolved), less the study block (compared on its own) and
+    Hydra's: changing the experiment outside its ``study:`` block (its steps, a rate) makes it another study."""
+    from omegaconf import OmegaConf
+
+    from modforge.run.dirs import CONTROL_KEYS
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return {k: v for k, v in plain.items() if k not in ("hydra", "study", *CONTROL_KEYS)}
+
+
+def forget_unrun(study_dir: Path) -> None:
+    """A study directory whose design never ran: its stages' kept cells and failed jobs (no record ended) are
+    removed, so a fixed design starts afresh. Only the stage directories the study writes."""
+    import shutil
+
+    for stage in ("probe", "tune", "compare"):
+        if (study_dir / stage).is_dir():
+            shutil.rmtree(study_dir / stage)
+
+
+def ran_before(study_dir: Path) -> bool:
+    """Whether any run of the study ended with a record (a design is fixed once it has results)."""
+    return any(study_dir.rglob("metrics.json")) if study_dir.is_dir() else False
+
+
+def check_same_study(d: Design, state: dict, study_dir: Path, config: Optional[dict] = None) -> None:
+    """A study directory answers one declared study: a different block, command line or composed config (the
+    experiment edited outside its block) needs a new ``dir=``."""
     if not state:
         return
+    if config is not None and isinstance(state.get("config"), dict):
+        from modforge.run.dirs import config_difference
+
+        diff = config_difference(state["config"], config)
+        if diff:
+            raise ConfigError(f"{study_dir}: its runs were trained with another config ({'; '.join(diff)}); give a "
+                              "new dir= (a study's runs and its report must describe the same config)")
 
     def design(block: dict) -> dict:  # what decides the runs and their answers (not the budget, not the pace)
         return {k: v for k, v in block.items() if k not in ("budget", "jobs")}

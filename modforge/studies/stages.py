@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from modforge.config.overrides import hydra_value
+from modforge.config.overrides import hydra_value, quoted
 from modforge.errors import ConfigError, ModforgeError
 from modforge.results.jobs import load_jobs, mark_collapsed, metric_value
 from modforge.studies.design import PROBE_KEYS, RUNNER_KEYS, Design
@@ -43,8 +43,7 @@ class Cell:
 def cells_argument(cells: list[Cell]) -> str:
     """``hydra.sweeper.cells=[{k:'v',...},...]``: every value quoted, so the override grammar reads it as given."""
     def q(v) -> str:
-        s = "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
-        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return quoted("null" if v is None else ("true" if v is True else "false" if v is False else str(v)))
 
     return "[" + ",".join("{" + ",".join(f"{k}:{q(v)}" for k, v in c.overrides.items()) + "}" for c in cells) + "]"
 
@@ -103,8 +102,8 @@ class StageClock:
         write_log(self.study_dir, self.state)
 
     def wait(self, proc, stage_dir: Path) -> int:
-        """Wait for the stage's sweep, adding the time to the log as it passes; on an interruption (Ctrl-C) the
-        sweep is killed, as ``subprocess.call`` does, and the time so far is kept."""
+        """Wait for the stage's sweep, adding the time to the log as it passes; on an interruption (Ctrl-C,
+        SIGTERM) the sweep is told to stop and waited for (:func:`stop`), and the time so far is kept."""
         t = time.time()
         try:
             while True:
@@ -117,8 +116,23 @@ class StageClock:
                     self.add(stage_dir, now - t)
                     t = now
         except BaseException:
-            proc.kill()
+            stop(proc)
             raise
+
+
+def stop(proc, grace: float = 120.0) -> None:
+    """Stop a stage's sweep as SIGTERM stops a sweep (each running job checkpoints and records 'interrupted',
+    the sweep writes its summary) and wait for it; only one that has not ended after ``grace`` seconds is
+    killed. No stage outlives the study."""
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: StageClock) -> None:
@@ -196,11 +210,35 @@ def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
     out = []
     for i, c in enumerate(cells):
         j = by_num.get(i)
+        if j is not None and j.status != "unreadable":
+            check_job(stage_dir, i, c, j)
         status = j.status if j is not None else "unfinished"
         value = metric_value(j.metrics, d.metric) if j is not None and status == "finished" else math.nan
         out.append({"cell": c, "status": status, "value": value, "metrics": (j.metrics or {}) if j else {},
                     "name": j.name if j else f"#{i}", "error": j.error if j else None})
     return out
+
+
+def check_job(stage_dir: Path, i: int, c: Cell, j) -> None:
+    """A kept job must be its cell's: every key of the cell with the cell's value in the job's recorded
+    overrides (a job whose cell was edited afterwards, or that is not this study's, would be read as another
+    arm or seed). One line naming the job and the first difference."""
+    from modforge.config.grid import cell_overrides
+    from modforge.results.jobs import canonical
+
+    def plain(v: str) -> str:
+        v = v.strip()
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+            v = v[1:-1].replace("\\'", "'")
+        return canonical(v)
+
+    for o in (cell_overrides([c.overrides])[0] if c.overrides else []):
+        k, v = o.split("=", 1)
+        ran = j.overrides.get(k)
+        if ran is None or plain(ran) != plain(v):
+            raise ConfigError(f"{stage_dir / j.name}: job #{i} ran {k}={ran if ran is not None else '(not set)'}, "
+                              f"but its cell in cells.json says {k}={v}; the stage's record no longer describes "
+                              "its runs: give the study a new dir=")
 
 
 def probe(d: Design, study_dir: Path, clock: StageClock) -> dict:
