@@ -442,3 +442,76 @@ def _cmdline(d) -> bytes:
         return (d / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# --------------------------------------------------------------------------- silent cases, wrong exits, tracebacks
+
+def test_a_metric_outside_its_range_is_counted_unreadable_never_ranked(tmp_path):
+    from modforge.results.jobs import load_jobs
+
+    write_job(tmp_path, 0, ["norm=layer"])
+    write_job(tmp_path, 1, ["norm=rms"])
+    m = json.loads((tmp_path / "1_job" / "metrics.json").read_text())
+    m["val"]["val/loss"] = -5.0  # no loss is below 0
+    (tmp_path / "1_job" / "metrics.json").write_text(json.dumps(m))
+    jobs = {j.overrides["norm"]: j for j in load_jobs(tmp_path)}
+    assert jobs["layer"].status == "finished"
+    assert jobs["rms"].status == "unreadable" and "val/loss=-5.0 outside its range [0.0, inf]" in jobs["rms"].error
+
+
+def test_at_a_fractional_step_is_refused():
+    from modforge.results.jobs import ReportError, at_point
+
+    with pytest.raises(ReportError, match=r"at=step:1.5: use"):
+        at_point([], "val/loss", "step:1.5")
+
+
+def test_one_file_named_twice_in_data_path_is_refused(tmp_path):
+    from modforge.data.corpus import expand_paths
+    from modforge.errors import ConfigError
+
+    (tmp_path / "a.txt").write_text("text")
+    (tmp_path / "b.txt").symlink_to(tmp_path / "a.txt")
+    for spec in ([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], [str(tmp_path / "a.txt"), str(tmp_path / "*.txt")]):
+        with pytest.raises(ConfigError, match="is named twice"):
+            expand_paths(spec)
+
+
+def test_a_device_listed_twice_is_a_command_line_mistake(tmp_path):
+    from conftest import run_module
+
+    p = run_module("modforge.train", tmp_path, "-m", "hydra/launcher=gpus", "hydra.launcher.devices=[0,0]",
+                   "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "device 0 is listed twice" in p.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_record_nested_too_deeply_is_one_line(tmp_path):
+    from modforge.errors import ConfigError
+    from modforge.run.dirs import read_state
+    from modforge.utils.readers import json_file
+
+    (tmp_path / "metrics.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert read_state(tmp_path, owned=False).status == "unreadable"
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        json_file(tmp_path / "metrics.json")
+
+
+def test_a_base_shape_too_big_to_build_is_refused_not_allocated():
+    from types import SimpleNamespace
+
+    from modforge.errors import ConfigError
+    from modforge.models.param import check_buildable
+
+    check_buildable({"d_model": 64}, SimpleNamespace(d_model=256, d_ff=1024))
+    with pytest.raises(ConfigError, match="would not fit in this machine's"):
+        check_buildable({"d_model": 1_000_000_000}, SimpleNamespace(d_model=256, d_ff=None))
+
+
+def test_zero_readout_with_a_tied_readout_is_refused_not_ignored(tmp_path):
+    from conftest import run_module
+
+    p = run_module("modforge.train", tmp_path, "param=mup", "param.zero_readout=true", "model.tie_embeddings=true",
+                   f"hydra.run.dir={tmp_path / 'r'}")
+    assert p.returncode == 2 and "param.zero_readout=true: the readout is tied" in p.stderr
+    assert not (tmp_path / "r").exists()

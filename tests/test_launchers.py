@@ -328,3 +328,20 @@ def test_a_pool_with_room_for_two_jobs_a_device():
     assert cpu_threads(1, cores=16, per_device=4) == 4 and cpu_threads(2, cores=2, per_device=2) == 1
     env = job_env({"PATH": "/bin"}, ["0"], "cpu", 1, 2)
     assert env["OMP_NUM_THREADS"] == str(cpu_threads(1, per_device=2)) and env["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+@pytest.mark.process  # the launcher starts each job as a process
+@pytest.mark.slow
+def test_the_fault_hook_reaches_the_gpus_launchers_jobs_by_their_number(tmp_path):
+    """MODFORGE_FAULT's @job=N must fire in job N when each job is its own single run (the study default with
+    jobs=2): job #1 raises, job #0 finishes. Without the job number in the child, nothing is injected."""
+    from modforge.run.callbacks import JOB_NUM_ENV
+    from modforge.sweeps.gpus import job_env
+
+    assert job_env({}, ["a"], "cpu", 2, num=3)[JOB_NUM_ENV] == "3"
+    sweep = tmp_path / "sweep"
+    p = run_in_process("modforge.train", tmp_path, "-m", "hydra/launcher=gpus", "hydra.launcher.devices=[a,b]",
+                       "seed=1,2", "trainer.max_steps=2", "trainer.val_check_interval=2", *TINY,
+                       f"hydra.sweep.dir={sweep}", threads=None, fault="raise@step=1@job=1")
+    assert p.returncode == 1 and "2 jobs: 1 finished, 1 failed" in p.stdout + p.stderr, p.stdout[-2000:] + p.stderr
+    assert sorted(metrics_of(sweep)) == ["0"]

@@ -189,7 +189,14 @@ def expand_paths(spec: Any, key: str = "data.path") -> list[str]:
             regular_file(pat, key)  # a FIFO, a device, a link that leads nowhere or in a loop: says which
             found = [pat]
         out.extend(os.path.abspath(p) for p in found)
-    return list(dict.fromkeys(out))
+    seen: dict = {}
+    for path in out:  # one file named twice (two spellings, a link, overlapping globs) would be read twice: its
+        st = os.stat(path)  # text in training and again in the validation split
+        first = seen.setdefault((st.st_dev, st.st_ino), path)
+        if first is not path:
+            raise ConfigError(f"{key}: {first} is named twice{'' if first == path else f' (also as {path})'}; its "
+                              "text would be read twice, into training and validation both: name each file once")
+    return out
 
 
 def existing_file(path: Optional[str], key: str, what: str) -> str:

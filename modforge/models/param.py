@@ -91,6 +91,23 @@ class Parametrisation:
         return ""
 
 
+def check_buildable(keys: dict, model_cfg: Any) -> None:
+    """A base shape built for real (a part that cannot be built on the meta device) must fit in memory: one
+    d_model x d_ff weight in float32 larger than this machine's memory is refused in one line, not allocated."""
+    import os
+
+    d = int(keys.get("d_model", getattr(model_cfg, "d_model", 1)) or 1)
+    ff = int(keys.get("d_ff", getattr(model_cfg, "d_ff", None) or 4 * d) or 4 * d)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        memory = 2 ** 40
+    if 4 * d * max(d, ff) > memory:
+        raise ConfigError(f"one weight of that base shape ({d} x {max(d, ff)} floats) would not "
+                          f"fit in this machine's {memory / 2 ** 30:.0f} GiB; the base shape is the small model µP "
+                          "transfers from (docs/mup.md)")
+
+
 declare("param", "parametrisation: how init, learning rates and multipliers scale with the model's size",
         base=Parametrisation, default="standard")
 
@@ -223,6 +240,7 @@ class MuP(Parametrisation):
                     with torch.device("meta"):  # shapes only, no memory
                         return make_model(keys)
                 except (RuntimeError, NotImplementedError):  # a part that builds tables on a device of its own
+                    check_buildable(keys, cfg)
                     return make_model(keys)
             except ConfigError as e:
                 raise ConfigError(f"param.base={keys}: the base shape is not a valid model: {e}") from None
@@ -231,6 +249,10 @@ class MuP(Parametrisation):
         """The model and its base built on the meta device (no memory) and the rules applied: an undeclared
         parameter, an unknown base key or a part that cannot take a multiplier is refused before any work. A
         part that cannot be built on the meta device is checked when the run builds it."""
+        if self.cfg.zero_readout and as_dict(model_cfg).get("tie_embeddings"):
+            raise ConfigError("param.zero_readout=true: the readout is tied to the token embedding here "
+                              "(model.tie_embeddings=true), so there is no separate readout to start at zero; "
+                              "set model.tie_embeddings=false, or leave param.zero_readout out")
         try:
             with torch.device("meta"):
                 parametrised(model_cfg, parts, 8, self)

@@ -54,6 +54,9 @@ def load_jobs(root: Path) -> list[Job]:
         job.metrics, job.error = state.metrics, state.error
         if state.metrics is not None:
             job.task = (state.metrics.get("config") or {}).get("task") or job.task
+            outside = out_of_range(state.metrics)
+            if outside:  # a record no run of its task could write: counted as unreadable, never ranked
+                job.status, job.error = "unreadable", f"metrics.json: {outside}"
         if state.status == "interrupted" and not state.error:
             step = state.checkpoint_step()
             job.error = f"last checkpoint at step {step}" if step is not None else "no checkpoint"
@@ -115,6 +118,20 @@ def info_of(records: list, metric: str) -> dict:
     return {"low": -math.inf, "high": math.inf, "better": "max"}
 
 
+def out_of_range(metrics: dict) -> Optional[str]:
+    """The first validation value outside its metric's range as the record declares it (``metric_info``; for a
+    record without one, a loss's: at least 0), as ``name=value outside [low, high]``; None when all are in it."""
+    declared = metrics.get("metric_info") if isinstance(metrics.get("metric_info"), dict) else {}
+    for name, v in (metrics.get("val") or {}).items():
+        short = str(name).split("/", 1)[-1]
+        known = name in declared or short in declared or any(w in short.lower() for w in LOWER_IS_BETTER)
+        if known and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            info = info_of([metrics], name)
+            if not info["low"] <= v <= info["high"]:
+                return f"{name}={v} outside its range [{info['low']}, {info['high']}]"
+    return None
+
+
 def _task_of(d: Path) -> str:
     try:
         cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text(encoding="utf-8")) or {}
@@ -146,7 +163,8 @@ def at_point(jobs: list[Job], metric: str, spec: str) -> str:
         target = float(value)
     except ValueError:
         target = math.nan
-    if kind not in ("flops", "step") or not (target > 0 and math.isfinite(target)):
+    if kind not in ("flops", "step") or not (target > 0 and math.isfinite(target)) or \
+            (kind == "step" and not target.is_integer()):
         raise ReportError(f"at={spec}: use at=flops:<FLOPs>, e.g. at=flops:1e12, or at=step:<step>, e.g. at=step:500")
     steps_used, short = [], []
     for j in jobs:

@@ -332,7 +332,14 @@ def injected_fault(action: str, where: str, n: int) -> bool:
     return False
 
 
+JOB_NUM_ENV = "MODFORGE_JOB_NUM"  # a sweep job's number where it runs as a single run (the gpus launcher's jobs)
+
+
 def _job_num() -> Optional[int]:
+    """This job's number in its sweep: the launcher's word where the job is its own single run (the gpus
+    launcher), else Hydra's."""
+    if os.environ.get(JOB_NUM_ENV, "").isdigit():
+        return int(os.environ[JOB_NUM_ENV])
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().job.get("num") if HydraConfig.initialized() else None

@@ -116,7 +116,7 @@ def read_state(d: Path, owned: bool = True) -> RunState:
                 raise ValueError("not a status record (expected an object)")
             status = record.get("status") if record.get("status") in ("failed", "interrupted") else "failed"
             return RunState(status, record.get("error"), None, config, ckpt)
-    except (OSError, ValueError, AttributeError) as e:
+    except (OSError, ValueError, AttributeError, RecursionError) as e:  # RecursionError: JSON nested too deep
         return RunState("unreadable", f"{type(e).__name__}: {e}".splitlines()[0], None, config, ckpt)
     if config is not None or ckpt is not None or (d / "checkpoints").exists():
         return RunState("interrupted", None, None, config, ckpt)

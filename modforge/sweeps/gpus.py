@@ -154,12 +154,18 @@ _NOT_INHERITED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZ
 
 _NOT_INHERITED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_")
 
-def job_env(base: dict, devices: list, accelerator: str, pool_size: int, per_device: int = 1) -> dict:
+def job_env(base: dict, devices: list, accelerator: str, pool_size: int, per_device: int = 1,
+            num: Optional[int] = None) -> dict:
     """A job's environment: the sweep's, without rank and rendezvous variables (so that Lightning starts its own
-    DDP ranks on a free port), with ``CUDA_VISIBLE_DEVICES`` = its devices, and for a CPU job one slot's share of
-    the cores per process (unless ``OMP_NUM_THREADS`` is set)."""
+    DDP ranks on a free port), with ``CUDA_VISIBLE_DEVICES`` = its devices, for a CPU job one slot's share of
+    the cores per process (unless ``OMP_NUM_THREADS`` is set), and its number in the sweep (``JOB_NUM_ENV``:
+    the job runs as a single run, so Hydra's own job number is not the sweep's)."""
+    from modforge.run.callbacks import JOB_NUM_ENV
+
     env = {k: v for k, v in base.items() if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
     env.update(CUDA_VISIBLE_DEVICES=",".join(devices), PYTHONUNBUFFERED="1")
+    if num is not None:
+        env[JOB_NUM_ENV] = str(num)
     if accelerator == "cpu" and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = str(cpu_threads(pool_size, per_device=per_device))
     return env
@@ -180,7 +186,7 @@ class _Job:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(self.dir / "console.log", "ab") as log:  # its own session: signalled as one process group
                 self.process = subprocess.Popen(command, env=job_env(dict(os.environ), devices, self.accelerator,
-                                                                     pool_size, per_device),
+                                                                     pool_size, per_device, self.num),
                                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True)
         except OSError as e:  # this job fails; the others go on

@@ -125,6 +125,10 @@ def pool_devices(setting: Any, visible: Optional[str] = None, count: Optional[Ca
         devices = [str(d) for d in setting]
         if not devices:
             raise SlotError("hydra.launcher.devices=[]: give at least one device")
+        twice = sorted({d for d in devices if devices.count(d) > 1})
+        if twice:
+            raise SlotError(f"hydra.launcher.devices=[{','.join(devices)}]: device {twice[0]} is listed twice; each "
+                            "device once (hydra.launcher.jobs_per_device=K runs K jobs on each)")
         return devices
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
     seen = [d.strip() for d in visible.split(",") if d.strip()] if visible else []

@@ -57,6 +57,8 @@ def json_file(path: Any, what: str = "", expect: type = dict) -> Any:
         data = json.loads(text(path, what))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{label}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: not a readable record (JSON nested too deeply)") from None
     if not isinstance(data, expect):
         raise ConfigError(f"{label}: expected a JSON {'object' if expect is dict else expect.__name__}, "
                           f"found {type(data).__name__}")
