@@ -515,3 +515,37 @@ def test_zero_readout_with_a_tied_readout_is_refused_not_ignored(tmp_path):
                    f"hydra.run.dir={tmp_path / 'r'}")
     assert p.returncode == 2 and "param.zero_readout=true: the readout is tied" in p.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from modforge.cli.command import one_line_errors
+    from modforge.run import callbacks
+
+    def full(obj, fh):
+        fh.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 832 vs 768")
+
+    monkeypatch.setattr(callbacks.torch, "save", full)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
+    (tmp_path / "last.ckpt").write_bytes(b"the previous checkpoint")
+    with pytest.raises(SystemExit) as e, one_line_errors():
+        callbacks.AtomicCheckpointIO().save_checkpoint({}, tmp_path / "last.ckpt")
+    assert e.value.code == 2
+    assert (tmp_path / "last.ckpt").read_bytes() == b"the previous checkpoint"  # intact
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary left
+
+
+def test_a_full_disk_message(tmp_path, monkeypatch, capsys):
+    import shutil
+    from collections import namedtuple
+
+    from modforge.run.callbacks import write_failure
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
+    err = write_failure(tmp_path / "last.ckpt", RuntimeError("[enforce fail at inline_container.cc:672]"))
+    assert err.filename == str(tmp_path / "last.ckpt") and "no space left on the device" in err.strerror

@@ -299,11 +299,32 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         remove_stale_temporaries(Path(path))
         self.saves += 1
-        with atomic_file(Path(path), "wb", durable=True) as fh:
-            torch.save(checkpoint, fh)
-            if injected_fault("kill", "save", self.saves):  # mid-write: the file is not renamed yet
-                fh.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            with atomic_file(Path(path), "wb", durable=True) as fh:
+                torch.save(checkpoint, fh)
+                if injected_fault("kill", "save", self.saves):  # mid-write: the file is not renamed yet
+                    fh.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+        except RuntimeError as e:  # torch's writer: "[enforce fail at inline_container.cc:...] unexpected pos"
+            raise write_failure(Path(path), e) from None
+
+
+def write_failure(path: Path, e: BaseException) -> OSError:
+    """A checkpoint that could not be written, as the OSError it is (one line naming the file): no space left on
+    its disk when that is so (torch's writer reports a full disk as an internal assertion), else the writer's
+    own first line. The previous checkpoint is intact (the write goes to a temporary file)."""
+    import errno
+    import shutil
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < 64 * 2 ** 20:
+        return OSError(errno.ENOSPC, f"no space left on the device writing this checkpoint ({free / 2 ** 20:.1f} "
+                                     "MiB free; the previous checkpoint is kept: free some space and resume)", str(path))
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return OSError(errno.EIO, f"the checkpoint could not be written ({first[:160]})", str(path))
 
 
 # --------------------------------------------------------------------------- injected faults (tests)
