@@ -124,13 +124,7 @@ def run(cfg: GenerateConfig) -> list[str]:
     from modforge.checkpoints.files import find_checkpoint, load_checkpoint
 
     path = find_checkpoint("ckpt", cfg.ckpt)
-    try:
-        task = load_checkpoint(str(path), map_location=cfg.device).to(cfg.device)
-    except registry.ModforgeError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a checkpoint of another modforge version, a mismatched state dict
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise registry.ConfigError(f"ckpt={cfg.ckpt}: cannot rebuild its model ({type(e).__name__}: {first})") from None
+    task = load_checkpoint(str(path), map_location=cfg.device).to(cfg.device)  # a mismatch: one line
     check_vocabulary(task.tokenizer, cfg.prompt, "prompt")
     if cfg.src:
         check_vocabulary(task.tokenizer, cfg.src, "src")

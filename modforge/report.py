@@ -140,8 +140,25 @@ def with_study(a: dict, study: dict) -> dict:
     a["study"] = study
     return check_numbers(a, "study: ")
 
+def check_out(out: Path) -> None:
+    """``out=``: a new directory, or one whose report files a modforge report wrote (its report.json one); a
+    user's own report.md, report.csv or report.json there is never replaced. Checked before any work."""
+    from modforge.utils.files import read_json
+
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"out={out}: cannot create it (a file is there, not a directory)")
+    ours = read_json(out / "report.json")
+    ours = isinstance(ours, dict) and {"jobs", "rows"} <= set(ours)
+    theirs = [n for n in ("report.md", "report.csv", "report.json") if (out / n).exists() and not ours]
+    if theirs:
+        raise ReportError(f"out={out}: it already holds {', '.join(theirs)}, not written by a modforge report; "
+                          "choose a new directory (a report replaces only its own files)")
+
+
 def report_command(argv: list) -> None:
     a = parse_args(argv)
+    if a["out"] is not None:
+        check_out(Path(a["out"]))
     root = Path(a["dir"])
     if not root.is_dir():
         raise ReportError(f"{root}: no such directory (give a sweep directory, e.g. multirun/<date>/<time>)")

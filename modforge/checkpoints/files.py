@@ -41,6 +41,17 @@ def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mma
     run_cfg = hp["run_cfg"]
     if not isinstance(run_cfg, dict):
         raise ConfigError(f"{key}={path}: not a modforge checkpoint (its run config is not a mapping)")
+    state = ckpt["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch_tensor()) for k, v in
+                                              state.items()):
+        raise ConfigError(f"{key}={path}: not a modforge checkpoint (its state_dict is not a mapping of names to "
+                          "tensors)")
+    if key == "resume" and "converted_from" not in ckpt:  # a converted one: resumed_config says what to do
+        check_training_state(ckpt, f"{key}={path}")
+    for field in ("global_step", "tokens_seen", "epoch"):
+        v = ckpt.get(field, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"{key}={path}: its {field} is {str(v)[:40]!r}, not a count (a whole number >= 0)")
     # its config is data: a _target_ or ${...} anywhere in what may be built from it is refused (its callbacks and
     # loggers never are: modforge.run.resume takes them from the command line)
     refuse_code({k: v for k, v in run_cfg.items() if k not in BUILT}, f"{key}={path}", "the checkpoint's run config")
@@ -48,7 +59,21 @@ def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mma
 
 
 def load_checkpoint(path: str, map_location: str = "cpu", key: str = "ckpt"):
-    """Rebuild a task (model, tokenizer, data facts) from a checkpoint file alone, in eval mode."""
+    """Rebuild a task (model, tokenizer, data facts) from a checkpoint file alone, in eval mode. A file whose
+    parts do not fit together (a checkpoint of another version, an edited state dict or data facts) is one
+    ConfigError naming it."""
+    from modforge.errors import ModforgeError
+
+    try:
+        return _rebuild(path, map_location, key)
+    except ModforgeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a mismatched state dict, data facts of another shape ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"{key}={path}: cannot rebuild its model ({type(e).__name__}: {first[:200]})") from None
+
+
+def _rebuild(path: str, map_location: str, key: str):
     from modforge.plugins import load_all
     from modforge.data.base import DataFacts
     from modforge.registry import make_config
@@ -65,6 +90,64 @@ def load_checkpoint(path: str, map_location: str = "cpu", key: str = "ckpt"):
     task.load_state_dict(ckpt["state_dict"])
     task.tokens_seen = int(ckpt.get("tokens_seen", 0))
     return task.eval()
+
+
+def check_training_state(ckpt: dict, source: str) -> None:
+    """What Lightning restores to continue a run, present and of its type: the optimizer's and the schedules'
+    states and the version that wrote them. A checkpoint without them holds weights only: ``init_from=``."""
+    from packaging.version import InvalidVersion, Version
+
+    why = None
+    opt, sched, version = ckpt.get("optimizer_states"), ckpt.get("lr_schedulers"), ckpt.get("pytorch-lightning_version")
+    if not isinstance(opt, list) or not opt or not all(isinstance(o, dict) and isinstance(o.get("param_groups"), list)
+                                                       and o["param_groups"] for o in opt):
+        why = "no optimizer state (optimizer_states)"
+    elif not isinstance(sched, list):
+        why = "no learning-rate schedule state (lr_schedulers)"
+    elif not isinstance(version, str):
+        why = "no record of the Lightning version that wrote it"
+    else:
+        try:
+            Version(version)
+        except InvalidVersion:
+            why = f"a Lightning version that is none ({version[:40]!r})"
+    if why:
+        raise ConfigError(f"{source}: not a complete training checkpoint ({why}); to start a new run from its "
+                          "weights use init_from= instead")
+
+
+def weights_mismatch(ours: dict, theirs: dict) -> Optional[str]:
+    """The first difference between a model's state dict and a checkpoint's (a name missing on either side, or
+    another shape), or None when the checkpoint's weights fit the model exactly."""
+    for name, t in ours.items():
+        if name not in theirs:
+            return f"it has no {name}"
+        if tuple(theirs[name].shape) != tuple(t.shape):
+            return f"{name} is {tuple(theirs[name].shape)} there, {tuple(t.shape)} in the model it names"
+    extra = [n for n in theirs if n not in ours]
+    return f"it has {extra[0]}, which the model it names has not" if extra else None
+
+
+def torch_tensor() -> type:
+    import torch
+
+    return torch.Tensor
+
+
+def facts_of(ckpt: dict, source: str):
+    """The checkpoint's data facts (its tokenizer above all) rebuilt, or one line naming the file when its
+    record of them is not what modforge writes."""
+    from modforge.data.base import DataFacts
+    from modforge.errors import ModforgeError
+
+    try:
+        return DataFacts.from_state(facts_state(ckpt))
+    except ModforgeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tokenizer state of another shape, a field of another type
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{source}: its data facts (tokenizer, positions, labels) cannot be read "
+                          f"({type(e).__name__}: {first[:160]})") from None
 
 
 def facts_state(ckpt: dict) -> dict:

@@ -43,6 +43,8 @@ def load_jobs(root: Path) -> list[Job]:
         name = str(d.relative_to(root)) if d != root else d.name
         try:
             listed = yaml.safe_load(ov_file.read_text(encoding="utf-8")) or []
+            if not isinstance(listed, list) or not all(isinstance(o, str) for o in listed):
+                raise ValueError("not Hydra's record of a job's overrides (a list of key=value strings)")
             overrides = {k: canonical(v) for k, v in (str(o).lstrip("+~").split("=", 1) for o in listed
                                                        if "=" in str(o))}
         except (OSError, ValueError, yaml.YAMLError) as e:
@@ -53,7 +55,8 @@ def load_jobs(root: Path) -> list[Job]:
         job.status = {"new": "unfinished", "foreign": "unreadable"}.get(state.status, state.status)
         job.metrics, job.error = state.metrics, state.error
         if state.metrics is not None:
-            job.task = (state.metrics.get("config") or {}).get("task") or job.task
+            recorded = state.metrics.get("config")
+            job.task = str((recorded if isinstance(recorded, dict) else {}).get("task") or job.task)
             outside = out_of_range(state.metrics)
             if outside:  # a record no run of its task could write: counted as unreadable, never ranked
                 job.status, job.error = "unreadable", f"metrics.json: {outside}"
@@ -107,9 +110,12 @@ def info_of(records: list, metric: str) -> dict:
         info = (m.get("metric_info") or {})
         rec = info.get(metric) or info.get(short)
         if isinstance(rec, dict):
-            lo, hi = rec.get("low"), rec.get("high")
-            return {"low": -math.inf if lo is None else float(lo), "high": math.inf if hi is None else float(hi),
-                    "better": rec.get("better", "min")}
+            lo, hi, better = rec.get("low"), rec.get("high"), rec.get("better", "min")
+            number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+            if (lo is None or number(lo)) and (hi is None or number(hi)) and better in ("min", "max"):
+                return {"low": -math.inf if lo is None else float(lo), "high": math.inf if hi is None else float(hi),
+                        "better": better}
+            # a record of another shape: read as a run from before the record (by the metric's name)
     name = short.lower()
     if any(w in name for w in LOWER_IS_BETTER):
         return {"low": 0.0, "high": math.inf, "better": "min"}
@@ -148,8 +154,10 @@ def read_curve(job_dir: Path, metric: str) -> dict[int, float]:
             for row in csv.DictReader(fh):
                 v, step = row.get(metric), row.get("step")
                 if v not in (None, "") and step not in (None, ""):
-                    out[int(float(step))] = float(v)
-    except (OSError, ValueError):
+                    s_ = float(step)
+                    if math.isfinite(s_):  # a step that is no number is not a point of the curve
+                        out[int(s_)] = float(v)
+    except (OSError, ValueError, UnicodeDecodeError, csv.Error):
         return {}
     return out
 
@@ -173,7 +181,8 @@ def at_point(jobs: list[Job], metric: str, spec: str) -> str:
         step = target
         if kind == "flops":
             total, steps = j.metrics.get("train_flops"), j.metrics.get("steps")
-            if not (isinstance(total, (int, float)) and total > 0 and steps):
+            if not (isinstance(total, (int, float)) and total > 0 and isinstance(steps, int)
+                    and not isinstance(steps, bool) and steps > 0):
                 raise ReportError(f"at={spec}: {j.name} recorded no train_flops (a run from before FLOPs were "
                                   "counted); compare such runs at=step:<step>")
             step = target / (total / steps)

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
-from modforge.errors import ModforgeError, RunDirTaken
+from modforge.errors import ConfigError, ModforgeError, RunDirTaken
 
 FINAL = ("finished", "diverged")  # a run in one of these has nothing left to do
 RECORDS = ("config.yaml", "metrics.json", "status.json", "checkpoints", "logs")  # what a run writes
@@ -82,7 +82,9 @@ def read_state(d: Path, owned: bool = True) -> RunState:
     if not d.is_dir():
         return RunState("new")
     config, damaged = None, None
-    if (d / "config.yaml").exists():
+    if (d / "config.yaml").exists() and not (d / "config.yaml").is_file():  # a FIFO would block the read
+        damaged = "it is not a regular file"
+    elif (d / "config.yaml").exists():
         try:
             config = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
             if not is_run_config(config):
@@ -176,14 +178,16 @@ def clear_records(d: Path) -> None:
     run writes, by name; anything else in its directory stays, and so does a folder that still holds it."""
     d = Path(d)
     for name in ("config.yaml", "metrics.json", "status.json"):
-        with contextlib.suppress(FileNotFoundError):
-            (d / name).unlink()
+        if (d / name).is_file():  # only files: a folder of that name is not a run's record
+            with contextlib.suppress(FileNotFoundError):
+                (d / name).unlink()
     for folder, patterns in (("checkpoints", ("last*.ckpt", "best*.ckpt", ".last*.ckpt.*.tmp", ".best*.ckpt.*.tmp")),
                              ("logs", ("metrics.csv", "hparams.yaml"))):
         for pattern in patterns:
             for p in (d / folder).glob(pattern):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
+                if p.is_file():
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
         with contextlib.suppress(OSError):
             (d / folder).rmdir()  # only when nothing else is in it
 
@@ -196,12 +200,24 @@ def trim_metrics_csv(path: Path, step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path}: not the CSV log a run writes ({type(e).__name__}: {str(e)[:120]}); move it "
+                          "away to resume this run, or choose an empty hydra.run.dir") from None
     if not rows or "step" not in rows[0]:
         return
     col = rows[0].index("step")
-    keep = [rows[0]] + [r for r in rows[1:] if len(r) > col and r[col] and int(float(r[col])) < step]
+
+    def before(r: list) -> bool:  # a row of a step before the checkpoint's; one whose step is no number is dropped
+        try:
+            v = float(r[col])
+        except (IndexError, ValueError):
+            return False
+        return math.isfinite(v) and int(v) < step
+
+    keep = [rows[0]] + [r for r in rows[1:] if before(r)]
     if len(keep) != len(rows):
         with atomic_file(path, "w") as fh:
             csv.writer(fh, lineterminator="\n").writerows(keep)

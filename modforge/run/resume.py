@@ -50,7 +50,13 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
         for g in groups:  # another option of a group than today's default: the saved option whole, not merged
             if g in base and isinstance(saved.get(g), dict) and saved[g].get("name") != base[g].get("name"):
                 base[g] = OmegaConf.create({})  # into the typed schema of the option the command line composed
-        merged = OmegaConf.merge(base, OmegaConf.create(saved))
+        try:
+            merged = OmegaConf.merge(base, OmegaConf.create(saved))
+        except Exception as e:  # noqa: BLE001 - omegaconf's ValidationError, ConfigKeyError: a value of another type
+            where = getattr(e, "full_key", None) or "its run config"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise registry.ConfigError(f"resume={resume}: the checkpoint's {where} does not fit today's config "
+                                       f"({first[:160]})") from None
     with open_dict(merged):
         for key in user_keys:
             head = key.split(".")[0].split("/")[0]

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.checkpoints.files import facts_state, find_checkpoint, load_matching, read_checkpoint
+from modforge.checkpoints.files import facts_of, find_checkpoint, load_matching, read_checkpoint, weights_mismatch
 from modforge.config.checks import check_positions, validate
 from modforge.config.composition import load, to_plain
 from modforge.config.overrides import user_override_keys
@@ -86,6 +86,11 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     dm, facts = prepare_data(cfg, tokenizer)
     clock.mark("data")
     task, initialised = build_task(cfg, plain, facts, init, quiet_init=follower)
+    if start.resume:  # Lightning's strict load would fail mid-restore with a traceback: one line, before
+        diff = weights_mismatch(task.state_dict(), read_checkpoint(start.resume, "resume", mmap=True)["state_dict"])
+        if diff:
+            raise registry.ConfigError(f"resume={start.resume}: its weights do not fit the model its config names "
+                                       f"({diff})")
     clock.mark("model")
     trainer, record, divergence = build_trainer(cfg, plain, out_dir, start.in_place, clock.t0)
     clock.mark("trainer")
@@ -114,6 +119,12 @@ def decide_start(cfg: DictConfig, out_dir: Path, resume: Optional[str]) -> Start
     and ``resume=``; a directory that is another run's is refused before anything is written."""
     state = read_state(out_dir)
     refuse_unusable(out_dir, state)
+    for name in ("config.yaml", "metrics.json", "status.json", "checkpoints/last.ckpt"):  # a run writes files there
+        f = out_dir / name
+        if (f.exists() or f.is_symlink()) and not f.is_file():
+            raise RunDirTaken(f"{f}: not a file (a directory, a device, a link to nothing), where a run keeps its "
+                              f"{name.split('/')[-1]}; nothing was changed: move it away, or choose an empty "
+                              "hydra.run.dir")
     if resume:
         in_place = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
         if state.holds_run and not in_place and state.config is not None:
@@ -159,18 +170,16 @@ def settle_config(cfg: DictConfig, start: Start, init: Optional[dict], checked: 
     """-> (the config this run trains with, the tokenizer it must read text with or None, the ``init_from``
     checkpoint or None). A resumed run keeps its saved config and tokenizer (only what the command line may
     change is taken); the config is validated here, once, unless the pre-flight did."""
-    from modforge.data.base import DataFacts
-
     tokenizer, cfg_resume = None, cfg.get("resume")
     if start.resume:
         ckpt = read_checkpoint(start.resume, "resume")
         start.step = int(ckpt.get("global_step", 0))
         cfg = resumed_config(cfg, start.resume, user_override_keys(), ckpt, finished_ok=unrecorded(start.resume))
         # the model's own tokenizer: text is read with the ids it was trained on, never refitted
-        tokenizer = DataFacts.from_state(facts_state(ckpt)).tokenizer
+        tokenizer = facts_of(ckpt, f"resume={start.resume}").tokenizer
         init = None  # a run started from other weights continues from its own
     elif init is not None:  # the pretrained model's tokenizer: the ids its embeddings were trained on
-        tokenizer = DataFacts.from_state(facts_state(init)).tokenizer
+        tokenizer = facts_of(init, f"init_from={cfg.get('init_from')}").tokenizer
     if not checked or (start.resume and not cfg_resume):  # a resume found in the directory: the pre-flight
         for note in validate(cfg):                          # validated the command line, not the saved run
             say(f"[modforge] note: {note}")
