@@ -2,6 +2,7 @@
 with the grid (``hydra.sweeper.params``, then the command line's comma lists), the grid expanded as Hydra's
 basic sweeper expands it. One expansion serves the pre-flight (every job checked before the first starts) and
 the sweeper (which runs them)."""
+import functools
 from typing import Any, Sequence
 
 from omegaconf import OmegaConf
@@ -29,15 +30,20 @@ def _override_value(v: Any) -> str:
     if v is None:
         return "null"
     text = str(v)
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from modforge.config.overrides import quoted
 
     try:
-        read = OverridesParser.create().parse_override(f"k={text}").value()
+        read = _parser().parse_override(f"k={text}").value()
     except Exception:  # noqa: BLE001 - hydra's OverrideParseException and the grammar's own errors
         return quoted(text)
     return quoted(text) if isinstance(read, str) and read != text else text  # a string reads back as itself
+
+@functools.lru_cache(maxsize=1)
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
 
 def expand_jobs(cells: Any, params: dict, arguments: list, parse) -> list:
     """Every job's overrides: each cell (in order) crossed with the grid (``params``, then the command line),
