@@ -41,13 +41,13 @@ def read_checkpoint(path: Any, key: str = "ckpt", map_location: str = "cpu", mma
     run_cfg = hp["run_cfg"]
     if not isinstance(run_cfg, dict):
         raise ConfigError(f"{key}={path}: not a modforge checkpoint (its run config is not a mapping)")
+    import torch
+
     state = ckpt["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch_tensor()) for k, v in
-                                              state.items()):
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
         raise ConfigError(f"{key}={path}: not a modforge checkpoint (its state_dict is not a mapping of names to "
                           "tensors)")
-    if key == "resume" and "converted_from" not in ckpt:  # a converted one: resumed_config says what to do
-        check_training_state(ckpt, f"{key}={path}")
     for field in ("global_step", "tokens_seen", "epoch"):
         v = ckpt.get(field, 0)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -116,22 +116,21 @@ def check_training_state(ckpt: dict, source: str) -> None:
                           "weights use init_from= instead")
 
 
+def shapes_of(state: dict) -> dict:
+    """{name: shape} of a state dict: what :func:`weights_mismatch` compares (kept instead of the tensors)."""
+    return {name: tuple(t.shape) for name, t in state.items()}
+
+
 def weights_mismatch(ours: dict, theirs: dict) -> Optional[str]:
-    """The first difference between a model's state dict and a checkpoint's (a name missing on either side, or
+    """The first difference between a model's {name: shape} and a checkpoint's (a name missing on either side, or
     another shape), or None when the checkpoint's weights fit the model exactly."""
-    for name, t in ours.items():
+    for name, shape in ours.items():
         if name not in theirs:
             return f"it has no {name}"
-        if tuple(theirs[name].shape) != tuple(t.shape):
-            return f"{name} is {tuple(theirs[name].shape)} there, {tuple(t.shape)} in the model it names"
+        if theirs[name] != shape:
+            return f"{name} is {theirs[name]} there, {shape} in the model it names"
     extra = [n for n in theirs if n not in ours]
     return f"it has {extra[0]}, which the model it names has not" if extra else None
-
-
-def torch_tensor() -> type:
-    import torch
-
-    return torch.Tensor
 
 
 def facts_of(ckpt: dict, source: str):

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.checkpoints.files import find_checkpoint, init_config, read_checkpoint
+from modforge.checkpoints.files import check_training_state, find_checkpoint, init_config, read_checkpoint
 from modforge.run.dirs import FINAL, RESUME_FREE_KEYS, read_state
 
 def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt: Optional[dict] = None,
@@ -25,6 +25,7 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
     if "converted_from" in ckpt:
         raise registry.ConfigError(f"resume={resume}: a converted pretrained checkpoint holds weights only (no "
                                    f"optimizer, no step); fine-tune from it with init_from={resume}")
+    check_training_state(ckpt, f"resume={resume}")
     saved = carried(ckpt["hyper_parameters"]["run_cfg"], cfg, f"resume={resume}")
     groups = [g for g in registry.group_kinds() if g in saved]
     if user_keys is None:
@@ -53,10 +54,11 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
         try:
             merged = OmegaConf.merge(base, OmegaConf.create(saved))
         except Exception as e:  # noqa: BLE001 - omegaconf's ValidationError, ConfigKeyError: a value of another type
+            from modforge.config.composition import one_line
+
             where = getattr(e, "full_key", None) or "its run config"
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise registry.ConfigError(f"resume={resume}: the checkpoint's {where} does not fit today's config "
-                                       f"({first[:160]})") from None
+                                       f"({one_line(e)[:160]})") from None
     with open_dict(merged):
         for key in user_keys:
             head = key.split(".")[0].split("/")[0]
@@ -82,16 +84,12 @@ NOT_CARRIED = ("callbacks", "logger", "hydra", "resume", "init_from", "dry_run",
 def carried(saved: Any, cfg: DictConfig, source: str) -> dict:
     """What a resumed run takes from its checkpoint's stored config: every root key today's config knows but
     :data:`NOT_CARRIED` (components by name through the registry, data, optimizer, schedule, trainer settings,
-    seed ...), after checking that none of it holds a ``_target_`` or an interpolation at any depth (one line
-    naming the key, before anything is built). A run whose callbacks or loggers differ from this command line's
-    gets a note saying how to keep them."""
-    from modforge.config.untrusted import refuse_code
+    seed ...; :func:`~modforge.checkpoints.files.read_checkpoint` has refused any ``_target_`` or interpolation
+    in it). A run whose callbacks or loggers differ from this command line's gets a note saying how to keep
+    them."""
     from modforge.utils.console import say
 
-    if not isinstance(saved, dict):
-        raise registry.ConfigError(f"{source}: not a modforge checkpoint (its run config is not a mapping)")
     kept = {k: v for k, v in saved.items() if isinstance(k, str) and k in cfg and k not in NOT_CARRIED}
-    refuse_code(kept, source, "the checkpoint's run config")
     for key in ("callbacks", "logger"):
         was = sorted(k for k, v in (saved.get(key) or {}).items() if isinstance(v, dict) and "_target_" in v) \
             if isinstance(saved.get(key), dict) else []

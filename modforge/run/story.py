@@ -19,7 +19,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
-from modforge.checkpoints.files import facts_of, find_checkpoint, load_matching, read_checkpoint, weights_mismatch
+from modforge.checkpoints.files import (facts_of, find_checkpoint, load_matching, read_checkpoint, shapes_of,
+                                       weights_mismatch)
 from modforge.config.checks import check_positions, validate
 from modforge.config.composition import load, to_plain
 from modforge.config.overrides import user_override_keys
@@ -42,6 +43,7 @@ class Start:
     clear: bool = False  # the directory holds an unfinished run's records from before its first checkpoint
     done: Optional[dict] = None  # the directory holds this run, finished: its metrics, nothing to do
     step: int = 0  # the checkpoint's step (set when the checkpoint is read)
+    shapes: Optional[dict] = None  # its weights' {name: shape} (set then too): checked against the model built
 
 
 def run(cfg: DictConfig, out_dir: Path, checked: bool = False, started: Optional[float] = None) -> dict:
@@ -86,8 +88,8 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     dm, facts = prepare_data(cfg, tokenizer)
     clock.mark("data")
     task, initialised = build_task(cfg, plain, facts, init, quiet_init=follower)
-    if start.resume:  # Lightning's strict load would fail mid-restore with a traceback: one line, before
-        diff = weights_mismatch(task.state_dict(), read_checkpoint(start.resume, "resume", mmap=True)["state_dict"])
+    if start.shapes is not None:  # Lightning's strict load would fail mid-restore with a traceback: one line, before
+        diff = weights_mismatch(shapes_of(task.state_dict()), start.shapes)
         if diff:
             raise registry.ConfigError(f"resume={start.resume}: its weights do not fit the model its config names "
                                        f"({diff})")
@@ -173,7 +175,7 @@ def settle_config(cfg: DictConfig, start: Start, init: Optional[dict], checked: 
     tokenizer, cfg_resume = None, cfg.get("resume")
     if start.resume:
         ckpt = read_checkpoint(start.resume, "resume")
-        start.step = int(ckpt.get("global_step", 0))
+        start.step, start.shapes = int(ckpt.get("global_step", 0)), shapes_of(ckpt["state_dict"])
         cfg = resumed_config(cfg, start.resume, user_override_keys(), ckpt, finished_ok=unrecorded(start.resume))
         # the model's own tokenizer: text is read with the ids it was trained on, never refitted
         tokenizer = facts_of(ckpt, f"resume={start.resume}").tokenizer

@@ -192,10 +192,10 @@ def check_arms_and_grid(d: Design) -> None:
                               "tune a setting of the model or its training")
         seen: set = set()
         for v in values:
-            if str(v) in seen or (isinstance(v, (int, float)) and any(
-                    isinstance(w, (int, float)) and float(w) == float(v) for w in values[:values.index(v)])):
+            same = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)  # 1e-3 == 0.001
+            if same in seen:
                 raise ConfigError(f"study.tune.params.{key}={values}: {v} is listed twice")
-            seen.add(str(v))
+            seen.add(same)
 
 
 def default_jobs() -> int:
