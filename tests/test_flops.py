@@ -64,3 +64,25 @@ def test_a_tasks_own_head_is_counted_too(tmp_path):
                                                f"data.path={data}", "data.batch_size=4", "data.max_len=32",
                                                "sample=false"]), tmp_path)
     assert set(m["forward_flops_by_part"]) == {"encoder", "head"} and m["forward_flops_by_part"]["head"] > 0
+
+
+def test_the_count_under_torch_compile_is_the_eager_count_and_compiles_once():
+    """The hooks run inside the compiled graph. Adding to a Python int there made Dynamo guard on its value and
+    recompile at every step (until its limit, then eager: the compiled GPT-2 small ran at 0.67x plain torch on
+    the first GPU check). Dynamo alone (backend="eager") is what decides recompiles."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    eager, compiled = model_of("decoder_only"), model_of("decoder_only")
+    counts = FlopCount(eager), FlopCount(compiled)
+    run = torch.compile(compiled, backend="eager")
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(4):
+            call(eager, "decoder_only", 9, 0).sum().backward()
+            call(run, "decoder_only", 9, 0).sum().backward()
+            assert counts[1].forward == counts[0].forward  # read between steps: what the graph added is in
+    assert counts[1].train == counts[0].train > 0
+    state = counts[1].state()
+    counts[1].load(state)
+    assert counts[1].state() == state

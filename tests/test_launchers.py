@@ -107,6 +107,34 @@ def test_devices_of_the_pool_and_of_a_job():
     env = job_env({"PATH": "/bin", "MASTER_PORT": "1", "SLURM_PROCID": "0", "LOCAL_RANK": "0"}, ["3", "4"], "cpu", 4)
     assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3,4", "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": str(cpu_threads(4))}
+    # an MPI launcher's rank and world are not inherited; MPI's settings are (on the GPU machines, mpi4py's
+    # singleton start, which Lightning's MPI detection does, aborted without OMPI_MCA_plm=isolated & co.)
+    mpi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_UNIVERSE_SIZE": "2", "PMIX_RANK": "1",
+           "PMI_SIZE": "2", "OMPI_MCA_plm": "isolated", "PMIX_MCA_gds": "hash", "OMPI_ALLOW_RUN_AS_ROOT": "1"}
+    kept = set(job_env(mpi, ["0"], "cuda", 1)) - {"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED"}
+    assert kept == {"OMPI_MCA_plm", "PMIX_MCA_gds", "OMPI_ALLOW_RUN_AS_ROOT"}
+
+
+def test_a_job_that_dies_before_recording_why_is_failed_with_its_exception(tmp_path, capsys):
+    """A job's process that dies before its run records anything: the launcher writes its status.json (the
+    directory marked as the job's, so the sweep's summary counts it failed, not a stranger's directory it
+    crashed on) and names the exception, not what a library printed after it."""
+    from modforge.run.dirs import read_state
+    from modforge.sweeps.gpus import _Job
+    from modforge.sweeps.sweeper import Planned, outcome
+
+    d = tmp_path / "sweep" / "0_seed=1"
+    d.mkdir(parents=True)
+    (d / "console.log").write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                                   "RuntimeError: the real cause\n\n[vm:01304] Local abort before MPI_INIT completed\n")
+    job = _Job(0, ["seed=1"], d, 1, "cuda", None)
+    job.devices, job.returncode = ["0"], 1
+    job.finish()
+    assert "failed: RuntimeError: the real cause" in capsys.readouterr().out
+    state = read_state(d)
+    assert state.status == "failed" and state.error == "RuntimeError: the real cause"
+    summary = outcome([Planned(0, ["seed=1"], d, "run")], tmp_path / "sweep")
+    assert "0 finished, 1 failed" in str(summary)
 
 
 def test_cluster_resources_from_the_trainer_settings():

@@ -10,6 +10,7 @@ console shows one line when a job starts and one when it ends.
 """
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from modforge.config.grid import labels
 from modforge.config.overrides import hydra_value, job_argv
 from modforge.errors import ConfigError
 from modforge.sweeps.slots import SlotError, check_per_device, cpu_threads, devices_needed, pool_devices, schedule
+from modforge.run.dirs import claim
 from modforge.utils.files import read_json, write_json
 
 # the parent command's hydra overrides that are the sweep's own, not one job's
@@ -152,7 +154,13 @@ class GpuSlotLauncher:
 _NOT_INHERITED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                   "LOCAL_WORLD_SIZE")
 
-_NOT_INHERITED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_")
+# a launcher's rank and world (SLURM, torchrun, MPICH/Intel PMI, PMIx, Open MPI's COMM_WORLD): Lightning would take
+# the job for one of its ranks. MPI's settings stay (OMPI_MCA_*, PMIX_MCA_*): on the workplace's GPU machines
+# OMPI_MCA_plm=isolated and its neighbours are what let mpi4py (imported by Lightning's MPI detection) start a
+# singleton; stripped, every job of the first GPU check's sweeps aborted before training
+_NOT_INHERITED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "PMIX_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE",
+                           "OMPI_APP_CTX_")
+_INHERITED_PREFIXES = ("OMPI_MCA_", "PMIX_MCA_")
 
 def job_env(base: dict, devices: list, accelerator: str, pool_size: int, per_device: int = 1,
             num: Optional[int] = None) -> dict:
@@ -162,13 +170,18 @@ def job_env(base: dict, devices: list, accelerator: str, pool_size: int, per_dev
     the job runs as a single run, so Hydra's own job number is not the sweep's)."""
     from modforge.run.callbacks import JOB_NUM_ENV
 
-    env = {k: v for k, v in base.items() if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
+    env = {k: v for k, v in base.items() if k not in _NOT_INHERITED
+           and (not k.startswith(_NOT_INHERITED_PREFIXES) or k.startswith(_INHERITED_PREFIXES))}
     env.update(CUDA_VISIBLE_DEVICES=",".join(devices), PYTHONUNBUFFERED="1")
     if num is not None:
         env[JOB_NUM_ENV] = str(num)
     if accelerator == "cpu" and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = str(cpu_threads(pool_size, per_device=per_device))
     return env
+
+# a console line that says why a process failed: a Python exception, or modforge's one-line refusal
+_CAUSE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt)(: |$))")
+
 
 class _Job:
     def __init__(self, num: int, overrides: list, d: Path, need: int, accelerator: str, cfg: Any):
@@ -225,16 +238,20 @@ class _Job:
         print(f"[modforge] #{self.num} ended after {took} on device {','.join(self.devices)}: {what}", flush=True)
 
     def _last_line(self) -> str:
+        """Why the job's process failed, from its console: the last exception or ``error:`` line (what a library
+        prints at exit after it, an MPI abort notice say, is not the cause), else the last line."""
         try:
-            lines = [x for x in (self.dir / "console.log").read_text(errors="replace").splitlines() if x.strip()]
+            lines = [x.strip() for x in (self.dir / "console.log").read_text(errors="replace").splitlines()
+                     if x.strip()]
         except OSError:
             return ""
-        return lines[-1].strip() if lines else ""
+        cause = [x for x in lines if _CAUSE.match(x)]
+        return cause[-1] if cause else (lines[-1] if lines else "")
 
     def _record_failure(self, error: str) -> None:
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            write_json(self.dir / "status.json", {"status": "failed", "error": error})
+        try:  # the directory is this sweep's job's (the launcher made it): marked so, its record is the job's
+            if claim(self.dir):
+                write_json(self.dir / "status.json", {"status": "failed", "error": error})
         except OSError:
             pass
 

@@ -243,7 +243,8 @@ def outcome(plan: list, sweep_dir: Path) -> dict:
         if p.action == "invalid":
             continue
         state = read_state(p.dir)
-        status = {"new": "interrupted", "unreadable": "failed"}.get(state.status, state.status)
+        status = {"new": "interrupted", "unreadable": "failed", "foreign": "failed"}.get(state.status, state.status)
+        status = status if status in counts else "failed"  # whatever else a job's directory says: not a result
         counts[status] += 1
         if status in ("failed", "interrupted"):
             why = state.error or ("not started" if state.status == "new" and p.runs else "no final record (killed?)")

@@ -90,6 +90,24 @@ class Task(L.LightningModule):
                       total_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, also for a fused Adam/AdamW under mixed precision (``trainer=gpu``, ``gpu_fp16``),
+        which Lightning refuses because such an optimizer unscales fp16 gradients inside its step. Here they are
+        unscaled first (``GradScaler.unscale_``; the fused step then takes them as they are and still skips a
+        step whose gradients overflowed), then clipped; under bf16 there is no scale and nothing to unscale."""
+        from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+        from lightning.pytorch.utilities import GradClipAlgorithmType
+
+        plugin = self.trainer.precision_plugin
+        if not (gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False)
+                and isinstance(plugin, MixedPrecision)):
+            return L.LightningModule.configure_gradient_clipping(self, optimizer, gradient_clip_val,
+                                                                 gradient_clip_algorithm)
+        if plugin.scaler is not None:
+            plugin.scaler.unscale_(optimizer)
+        Precision.clip_gradients(plugin, optimizer, gradient_clip_val,
+                                 GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM))
+
     def xent(self, logits: torch.Tensor, target: torch.Tensor, smoothing: Optional[float] = None) -> torch.Tensor:
         """Mean cross-entropy over the targets that are not :data:`IGNORE` (label smoothing as in Szegedy et al.
         2016)."""
