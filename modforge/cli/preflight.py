@@ -12,6 +12,7 @@ from modforge.config.checks import check_output_dir, check_overrides, validate
 from modforge.config.composition import compose_job, hydra_loader
 from modforge.config.grid import job_overrides
 from modforge.config.overrides import HYDRA_VALUE_FLAGS, flag, user_override_keys
+from modforge.config.schema import PRESET_GROUPS, ROOT_KEYS
 from modforge.run.dirs import read_state
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.sweeps.clusters import check_launcher_installed, runs_elsewhere
@@ -36,12 +37,13 @@ def preflight(argv: list, multirun: bool) -> Verdict:
     check_launcher_installed(argv)  # hydra/launcher=slurm without its extra: one line naming the extra
     elsewhere = multirun and runs_elsewhere(argv)  # its jobs' devices are checked where they run
     check_words(argv)
-    if any(a.split("=")[0] in HYDRA_VALUE_FLAGS for a in argv):
-        # your own config directory or primary config: Hydra composes it; the registry's checks still apply
+    source = config_source(argv)
+    if source is None:
+        # --config-path: a directory relative to modforge's own module; Hydra composes it, the registry's checks apply
         check_overrides([a for a in argv if a.split("=")[0].lstrip("+~").split(".")[0] in registry.group_kinds()])
         return Verdict()
     verdict = Verdict(checked=not elsewhere)
-    with hydra_loader() as loader:
+    with hydra_loader(*source) as loader:
         check_overrides(argv, loader)
         jobs = job_overrides(argv, multirun, loader)
         verdict.jobs = len(jobs)
@@ -58,6 +60,8 @@ def preflight(argv: list, multirun: bool) -> Verdict:
                 check_output_dir(str(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir), key)
                 if not multirun:
                     check_run_dir(Path(str(cfg.hydra.run.dir)))
+                elif len(jobs) > 1:
+                    check_subdir(cfg, len(jobs))
                 slots = slot_count(cfg.hydra.launcher) if multirun else None  # hydra/launcher=gpus: its devices
             try:
                 if slots is not None:
@@ -99,6 +103,18 @@ def check_distinct(jobs: list, argv: list) -> None:
         seen[key] = i
 
 
+def check_subdir(cfg, jobs: int) -> None:
+    """A sweep's jobs each train in a directory of their own: a ``hydra.sweep.subdir`` without an interpolation
+    (``${hydra.job.num}``, the overrides' name) is one directory for every job."""
+    from omegaconf import OmegaConf
+
+    subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
+    if isinstance(subdir, str) and "${" not in subdir:
+        raise registry.ConfigError(f"hydra.sweep.subdir={subdir}: all {jobs} jobs of the sweep would train in that "
+                                   "one directory; name each job's, e.g. hydra.sweep.subdir='job${hydra.job.num}' "
+                                   "(by default each is named by its overrides)")
+
+
 def check_run_dir(d: Path) -> None:
     """A single run's directory is refused before Hydra writes its record into it when it holds another tool's
     files, or a run whose config.yaml cannot be read."""
@@ -113,6 +129,7 @@ def check_run_dir(d: Path) -> None:
 def check_job(cfg, user_keys: Optional[list], here: bool) -> list:
     """One job's config as it will train: the ``init_from=`` checkpoint's architecture under the command line,
     or the resumed run's config with what the command line may change; validated once."""
+    check_root_keys(cfg)
     cfg, _ = with_init_from(cfg, user_keys)
     resume = resume_path(cfg.get("resume"))
     if resume:
@@ -120,13 +137,59 @@ def check_job(cfg, user_keys: Optional[list], here: bool) -> list:
     return validate(cfg, here=here)
 
 
+def check_root_keys(cfg) -> None:
+    """Every root key of a composed job is one modforge reads: a config file's typo (``colour: red`` in an
+    experiment) is refused as the same key on the command line is, and so is an experiment file whose settings
+    landed under ``experiment.`` (it lacks ``# @package _global_``), so that none of them would apply."""
+    if cfg.get("experiment"):  # (an empty file leaves an empty mapping: nothing lost)
+        raise registry.ConfigError("experiment: its file's settings landed under 'experiment.' and none of them "
+                                   "applies; an experiment file is a mapping whose first line is "
+                                   "'# @package _global_' (as in conf/experiment/)")
+    known = {*registry.group_kinds(), *ROOT_KEYS, *PRESET_GROUPS, "study", "hydra"}
+    unknown = [k for k in cfg.keys() if k not in known]
+    if unknown:
+        raise registry.ConfigError(f"{unknown[0]}: '{unknown[0]}' is not a key or group of modforge's config (set "
+                                   "in a config file: an experiment, --config-dir), so nothing would read it; "
+                                   "python -m modforge list shows the groups and keys")
+
+
 def check_words(argv: list) -> None:
-    """Every word of the command line is ``key=value``, a flag, or a flag's value."""
-    words, rest = [], iter(argv)
+    """Every word of the command line is ``key=value``, a flag, or a flag's value, and the overrides are one run
+    of words (Hydra's parser reads them so: one after a flag that follows another is 'unrecognized')."""
+    words, rest, seen, flag_since, split = [], iter(argv), False, None, None
     for a in rest:
-        if a in HYDRA_VALUE_FLAGS:
-            next(rest, None)
-        elif not a.startswith("-") and "=" not in a and not a.startswith("~"):
+        if a.startswith("-"):
+            flag_since = a
+            if a in HYDRA_VALUE_FLAGS:
+                next(rest, None)
+        elif "=" not in a and not a.startswith("~") or a.lstrip("+~").startswith("="):
             words.append(a)
+        else:
+            if seen and flag_since and split is None:
+                split = (a, flag_since)
+            seen, flag_since = True, None
     if words:
         raise registry.ConfigError(f"'{words[0]}': expected key=value (e.g. norm=rms) or a flag such as -m")
+    if split:
+        raise registry.ConfigError(f"'{split[0]}' comes after {split[1]}, which follows other overrides: Hydra reads "
+                                   "the key=value overrides as one run; put the flags (-m, --config-dir DIR, "
+                                   "--config-name NAME) before or after all of them")
+
+
+def config_source(argv: list) -> Optional[tuple]:
+    """``(config_dir, config_name)`` as the command's ``--config-dir`` / ``--config-name`` give them (None, None
+    without), refused in one line when the directory does not exist; None for ``--config-path``, which names a
+    directory relative to modforge's own module (Hydra composes that one alone)."""
+    given: dict = {}
+    rest = iter(argv)
+    for a in rest:
+        name, eq, value = a.partition("=")
+        if name in HYDRA_VALUE_FLAGS:
+            given[name] = value if eq else next(rest, "")
+    if "--config-path" in given or "-cp" in given:
+        return None
+    config_dir = given.get("--config-dir", given.get("-cd"))
+    if config_dir is not None and not Path(config_dir).is_dir():
+        raise registry.ConfigError(f"--config-dir {config_dir}: no such directory (give a directory that holds your "
+                                   "config groups, e.g. DIR/experiment/NAME.yaml)")
+    return config_dir, given.get("--config-name", given.get("-cn"))

@@ -340,7 +340,10 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
                                    "or null (never stop)")
 
 def check_output_dir(path: str, key: str) -> None:
-    """The run (or sweep) directory must be creatable: its nearest existing ancestor a writable directory."""
+    """The run (or sweep) directory must be creatable: its nearest existing ancestor a writable directory, and
+    its name not blank (a directory named ' ' is a typo, not a place)."""
+    if not path.strip() or any(not part.strip() for part in Path(path).parts):
+        raise registry.ConfigError(f"{key}='{path}': a blank directory name; give a path, e.g. {key}=outputs/run1")
     p = Path(path).expanduser().absolute()
     probe = p
     while not probe.exists():

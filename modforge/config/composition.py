@@ -2,8 +2,11 @@
 path, one job composed in-process, Hydra's multi-line errors as one line. The checks are
 :mod:`modforge.config.checks`'; the public in-process entry is :func:`modforge.config.compose`."""
 import contextlib
+import os
+import re
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -25,32 +28,73 @@ def load() -> None:
     store_trainer_schema()
 
 
+_PRIMARY: ContextVar = ContextVar("modforge_primary_config", default="train")  # the command's --config-name
+
+
 @contextlib.contextmanager
-def hydra_loader() -> Iterator[Any]:
-    """Hydra's config loader over modforge's search path (plugins' YAML included), for the checks below."""
+def hydra_loader(config_dir: Optional[str] = None, config_name: Optional[str] = None) -> Iterator[Any]:
+    """Hydra's config loader over modforge's search path (plugins' YAML included), for the checks below; with
+    the command's ``--config-dir`` added where Hydra adds it (before the schema source) and its
+    ``--config-name`` as the primary config that :func:`compose_job` composes inside this block."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     load()
     if GlobalHydra.instance().is_initialized():  # left over by an app that exited (in-process use)
         GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        yield GlobalHydra.instance().config_loader()
+    token = _PRIMARY.set(config_name or "train")
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # restores Hydra's global state after
+            if config_dir is not None:
+                _add_config_dir(config_dir)
+            yield GlobalHydra.instance().config_loader()
+    finally:
+        _PRIMARY.reset(token)
+
+
+def _add_config_dir(config_dir: str) -> None:
+    """Re-create Hydra's global state with ``config_dir`` in the search path, as ``--config-dir`` puts it
+    (``hydra._internal.utils.run_hydra``: prepended before the schema source)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    csp = create_config_search_path(search_path_dir=str(CONF_DIR))
+    csp.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
+                anchor=SearchPathQuery(provider="schema"))
+    GlobalHydra.instance().clear()
+    Hydra.create_main_hydra2(task_name="app", config_search_path=csp)
 
 def one_line(e: BaseException) -> str:
-    """Hydra's and OmegaConf's multi-line messages as one line (what they say, without their key dumps)."""
+    """Hydra's and OmegaConf's multi-line messages as one line (what they say, without their key dumps): which
+    config file, which key, what is wrong."""
     skip = ("full_key:", "object_type", "reference_type", "Set the environment variable", "Traceback", "See https://",
             "None")
-    lines, seen = [], set()
+    chain, seen = [], set()
     while e is not None and id(e) not in seen:  # Hydra's message, then the OmegaConf error that caused it
         seen.add(id(e))
-        lines += [ln.strip() for ln in str(e).splitlines()
-                  if ln.strip() and not ln.strip().startswith(skip) and "$VALUE" not in ln]
+        chain.append(e)
         e = e.__cause__ or e.__context__
+    text = "\n".join(str(x) for x in chain)
+    if m := re.search(r"Could not find '([^']+)'\s*Available options in '([^']+)':\n((?:\t.*\n?)*)", text):
+        return f"could not find '{m.group(1)}' (the options of {m.group(2)}: " \
+               f"{', '.join(x.strip() for x in m.group(3).splitlines() if x.strip())})"
+    if m := re.search(r"Cannot find primary config '([^']*)'", text):
+        return f"--config-name {m.group(1)}: no such primary config (it names NAME.yaml at the top of conf/ or of " \
+               "--config-dir; modforge's own is train)"
+    lines = [ln.strip() for x in chain for ln in str(x).splitlines()
+             if ln.strip() and not ln.strip().startswith(skip) and "$VALUE" not in ln]
     lines = [ln for ln in dict.fromkeys(lines) if not ln.startswith("To append to your config use")]
+    prefix = ""
+    if lines and (m := re.fullmatch(r"In '([^']+)': \w+ raised while composing config:", lines[0])):
+        prefix, lines = f"in {m.group(1)}: ", lines[1:]  # the file the error is in, then what is wrong in it
+    key = next((x.full_key for x in chain if getattr(x, "full_key", None)), None)
+    if key and prefix:
+        prefix += f"{key}: "
     if lines and lines[0].startswith("Could not override"):  # the key exists for other options of the group
         lines[0] += " It is not a key of the option chosen in its group; python -m modforge list shows each option's keys."
-    return "; ".join(lines[:2]) or "invalid configuration"
+    return prefix + ("; ".join(lines[:2]) or "invalid configuration")
 
 def parse_overrides(args: list, loader: Any = None) -> list:
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -84,11 +128,30 @@ def compose_job(overrides: list, hydra: bool = False) -> DictConfig:
         initialize_config_dir(str(CONF_DIR), version_base="1.3")
     with ctx:
         try:
-            return h_compose("train", overrides=list(overrides), return_hydra_config=hydra)
+            return h_compose(_PRIMARY.get(), overrides=list(overrides), return_hydra_config=hydra)
+        except UnicodeDecodeError as e:  # Hydra read a YAML file that is not UTF-8, and does not say which
+            raise registry.ConfigError(f"{not_utf8() or 'a config file'}: not UTF-8 text ({e.reason} at byte "
+                                       f"{e.start}); save it as UTF-8") from None
         except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError, KeyError) as e:
             raise registry.ConfigError(one_line(e)) from None
         except yaml.YAMLError as e:  # a config file (an experiment, a preset) that is not valid YAML
             raise registry.ConfigError(readers.yaml_error(e)) from None
+
+def not_utf8() -> Optional[str]:
+    """The first YAML file in the search path's directories that is not UTF-8 (None if none is)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    for source in GlobalHydra.instance().config_loader().get_sources():
+        if source.scheme() != "file":
+            continue
+        for f in sorted(Path(source.path).rglob("*.yaml")):
+            try:
+                f.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                return str(f)
+            except OSError:
+                continue
+    return None
 
 def to_plain(cfg: DictConfig) -> dict:
     """The resolved config as plain containers, without Hydra's own node."""

@@ -13,6 +13,8 @@ stops only the obvious callables (``builtins.open`` truncates any file the user 
 * a recorded command line replays only overrides of the run's config and the sweep's own settings:
   :func:`check_recorded_override` (no ``_target_``, no Hydra callbacks, logging, environment or search path).
 """
+import os
+from pathlib import PurePath
 from typing import Any, Iterator, Mapping
 
 from modforge.errors import ConfigError
@@ -89,6 +91,11 @@ RUNS_COMMANDS = ("setup", "env", "env_set", "env_copy", "init", "ray", "python",
                  "additional_parameters", "submitit_folder", "temp_folder")
 
 
+def outside(path: str) -> bool:
+    """Whether a path meant to lie inside a directory leaves it: absolute, or through '..'."""
+    return os.path.isabs(path) or ".." in PurePath(path).parts
+
+
 def check_recorded_override(override: str, source: str) -> None:
     """One override of a command recorded in a file (``source``), before it is replayed: no ``_target_`` or
     instantiation directive anywhere in it, no interpolation, and of Hydra's settings only :data:`RECORDED_HYDRA`
@@ -96,13 +103,17 @@ def check_recorded_override(override: str, source: str) -> None:
     key, _, value = override.partition("=")
     key = key.lstrip("+~")
     bad = None
-    if TARGET in override or "_args_" in override or "${" in override or "()" in key:
+    if not key or override.startswith("-") or "=" not in override and not override.startswith("~"):
+        bad = "is not key=value (a flag or an override without a key)"
+    elif TARGET in override or "_args_" in override or "${" in override or "()" in key:
         bad = "names an object to build or an interpolation"
     elif key.startswith("hydra"):
         allowed = any(key == p or (p.endswith(".") and key.startswith(p)) for p in RECORDED_HYDRA)
         tail = key.split(".")[2:] if key.startswith("hydra.launcher.") else []
         if not allowed or any(part in RUNS_COMMANDS for part in tail):
             bad = "sets a Hydra setting a replayed record may not (only the launcher's plain settings and the grid)"
+        elif key == "hydra.sweep.subdir" and outside(value.strip("'\"")):
+            bad = "puts the jobs outside the sweep's directory (an absolute path or one through '..')"
     if bad:
         raise ConfigError(f"{source}: the recorded override {override[:120]} {bad}; a record is replayed as data "
                           "only: refused, nothing was run. Start it again with your own command line")

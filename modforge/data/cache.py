@@ -195,6 +195,9 @@ def _build(corpus: Corpus, info: CorpusInfo, cut: int, tokenizer: Tokenizer, d: 
             "train_tokens": lengths["train"], "val_tokens": lengths["val"],
             "val_tokens_per_char": lengths["val"] / max(1, info.n_chars - cut),
             "unigram_val_loss": unigram if math.isfinite(unigram) else float("nan"),
+            # the share of the training tokens that are the tokenizer's unknown token (text it does not cover)
+            "train_unknown_fraction": (float(counts["train"][unk] / lengths["train"])
+                                       if (unk := tokenizer.unknown_id) is not None and lengths["train"] else 0.0),
         },
     }
     write_json(d / "meta.json", meta)

@@ -34,6 +34,7 @@ score their first tokens from almost none (Press et al. 2022, appendix B).
 import glob
 import hashlib
 import os
+import sys
 import sysconfig
 import urllib.request
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from modforge.utils.targets import IGNORE
 from modforge.registry import ConfigError, register
 
 SHUFFLE_LIMIT = 1 << 24  # above this many training windows, sample starts with replacement
+UNKNOWN_NOTE = 0.01  # a note when more of the training tokens than this are the unknown token
 
 
 class Windows(Dataset):
@@ -145,6 +147,13 @@ class TextLMData(DataModule):
                 f"{len(cache.val)} val tokens; each needs more than block_size"
             )
         self.train_tokens, self.val_tokens = cache.train, cache.val
+        unknown = cache.stats.get("train_unknown_fraction", 0.0)  # (caches built before it was counted: not known)
+        if unknown > UNKNOWN_NOTE:
+            print(f"[modforge] note: {unknown:.1%} of the training tokens are the tokenizer's unknown token "
+                  f"(data.tokenizer={c.tokenizer}"
+                  + (f", data.tokenizer_path={c.tokenizer_path}" if getattr(c, "tokenizer_path", None) else "")
+                  + "): its vocabulary does not cover this text, and a model learns little from <unk>",
+                  file=sys.stderr)
         stats = {**cache.stats, "token_cache": str(cache.directory)}
         return DataFacts(tok, positions=c.positions, tokens_per_char=stats["val_tokens_per_char"], stats=stats)
 

@@ -51,6 +51,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         raise NotImplementedError
 
+    @property
+    def unknown_id(self) -> Optional[int]:
+        """The id text the vocabulary does not cover becomes (None: every text is covered, as bytes are)."""
+        return self.unk_id
+
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
@@ -151,6 +156,7 @@ class ByteTokenizer(Tokenizer):
     """One token per UTF-8 byte (256 symbols); any text, no fitting, no <unk>."""
 
     name = "byte"
+    unknown_id = None  # every text is bytes
 
     def __init__(self, cfg=None):
         self.cfg = cfg
@@ -169,15 +175,21 @@ class ByteTokenizer(Tokenizer):
 
 # --------------------------------------------------------------------------- BPE
 
+BPE_VOCAB = 4096  # a trained BPE's vocabulary when data.vocab_size is not given
+
+
 @dataclass
 class BPEConfig:
-    vocab_size: int = 4096  # including the 5 specials and the 256 byte symbols
+    vocab_size: Optional[int] = None  # including the 5 specials and the 256 byte symbols (None: BPE_VOCAB)
     path: Optional[str] = None  # a Hugging Face tokenizer.json to load instead of training one
     min_frequency: int = 2  # a pair must occur this often to be merged
 
     def __post_init__(self):
         floor = len(SPECIALS) + 256
-        if self.path is None and self.vocab_size < floor:
+        if self.path is not None and self.vocab_size is not None:  # the file's vocabulary is the vocabulary
+            raise ConfigError(f"data.vocab_size={self.vocab_size} with data.tokenizer_path={self.path}: a loaded "
+                              "tokenizer.json has its own vocabulary, so vocab_size would be ignored; leave it unset")
+        if self.path is None and self.vocab_size is not None and self.vocab_size < floor:
             raise ConfigError(f"data.vocab_size={self.vocab_size}: a byte-level BPE needs at least {floor} "
                               f"({len(SPECIALS)} special tokens + 256 bytes)")
 
@@ -236,7 +248,8 @@ class BPETokenizer(Tokenizer):
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=self.cfg.vocab_size, min_frequency=self.cfg.min_frequency, special_tokens=list(SPECIALS),
+            vocab_size=self.cfg.vocab_size or BPE_VOCAB, min_frequency=self.cfg.min_frequency,
+            special_tokens=list(SPECIALS),
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
         )
         # short pieces: the trainer holds per-byte alignment data for every piece in flight
@@ -247,6 +260,14 @@ class BPETokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._need().get_vocab_size(with_added_tokens=True) + self.offset
+
+    @property
+    def unknown_id(self) -> Optional[int]:
+        """The file's own unknown token (a word-level or WordPiece model's [UNK]); a byte-level BPE has none."""
+        hf = self._need()
+        token = getattr(hf.model, "unk_token", None)
+        i = hf.token_to_id(token) if token else None
+        return None if i is None else i + self.offset
 
     def encode_array(self, text: str) -> np.ndarray:
         hf = self._need()

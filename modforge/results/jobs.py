@@ -48,7 +48,8 @@ def load_jobs(root: Path) -> list[Job]:
             overrides = {k: canonical(v) for k, v in (str(o).lstrip("+~").split("=", 1) for o in listed
                                                        if "=" in str(o))}
         except (OSError, ValueError, yaml.YAMLError) as e:
-            jobs.append(Job(d, name, {}, "unreadable", error=f"{type(e).__name__}: {e}".splitlines()[0]))
+            jobs.append(Job(d, name, {}, "unreadable", error=f".hydra/overrides.yaml: {type(e).__name__}: {e}"
+                            .splitlines()[0]))
             continue
         job = Job(d, name, overrides, "unfinished", task=_task_of(d))
         state = read_state(d, owned=False)
@@ -57,7 +58,7 @@ def load_jobs(root: Path) -> list[Job]:
         if state.metrics is not None:
             recorded = state.metrics.get("config")
             job.task = str((recorded if isinstance(recorded, dict) else {}).get("task") or job.task)
-            outside = out_of_range(state.metrics)
+            outside = malformed(state.metrics) or out_of_range(state.metrics)
             if outside:  # a record no run of its task could write: counted as unreadable, never ranked
                 job.status, job.error = "unreadable", f"metrics.json: {outside}"
         if state.status == "interrupted" and not state.error:
@@ -122,6 +123,31 @@ def info_of(records: list, metric: str) -> dict:
     if any(w in name for w in RATES):
         return {"low": 0.0, "high": 1.0, "better": "max"}
     return {"low": -math.inf, "high": math.inf, "better": "max"}
+
+
+def malformed(metrics: dict) -> Optional[str]:
+    """The first field of a ``metrics.json`` record that no run writes in that shape (the run's config not a
+    mapping, a metric's declaration, the step count), as ``field=value: what it must be``; None when all fit."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if "config" in metrics and not isinstance(metrics["config"], dict):
+        return f"config={str(metrics['config'])[:40]!r}: the run's config, a mapping"
+    steps = metrics.get("steps")
+    if steps is not None and not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        return f"steps={str(steps)[:40]!r}: a whole number of steps >= 0"
+    declared = metrics.get("metric_info")
+    if declared is None:
+        return None
+    if not isinstance(declared, dict):
+        return "metric_info: a mapping of metric -> {low, high, better}"
+    for name, rec in declared.items():
+        if not isinstance(rec, dict):
+            return f"metric_info.{name}: a mapping of low, high, better"
+        for end in ("low", "high"):
+            if rec.get(end) is not None and not number(rec[end]):
+                return f"metric_info.{name}.{end}={str(rec[end])[:40]!r}: a number or null"
+        if rec.get("better", "min") not in ("min", "max"):
+            return f"metric_info.{name}.better={str(rec['better'])[:40]!r}: min or max"
+    return None
 
 
 def out_of_range(metrics: dict) -> Optional[str]:

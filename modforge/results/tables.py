@@ -456,7 +456,12 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
             t.notes.append(at.split("; ", 1)[1])
         tables.append(t)
     if not tables:
-        have = sorted({k for j in jobs if j.metrics for k in (j.metrics.get("val") or {})})
+        readable = [j for j in jobs if j.status != "unreadable"]
+        have = sorted({k for j in readable if j.metrics for k in (j.metrics.get("val") or {})})
+        unreadable = [j for j in jobs if j.status == "unreadable"]
+        if not have and unreadable:
+            raise ReportError("no job can be reported: " + "; ".join(f"unreadable: {j.name} ({j.error})"
+                                                                     for j in unreadable)[:600])
         if not have:
             raise ReportError("no finished jobs (no */metrics.json next to a .hydra/overrides.yaml)"
                               + "".join(f"; {j.status}: {j.name} ({j.error})" for j in jobs if j.error)[:600])

@@ -239,6 +239,7 @@ def run_lock(d: Path):
         yield
         return
     Path(d).mkdir(parents=True, exist_ok=True)
+    not_a_file(Path(d), LOCK, MARKER)
     fh = open(Path(d) / LOCK, "a+")
     try:
         try:
@@ -249,6 +250,17 @@ def run_lock(d: Path):
         yield
     finally:
         fh.close()
+
+
+def not_a_file(d: Path, *names: str) -> None:
+    """Refuse a run directory where one of the files a run keeps (``names``) is something else: a directory, a
+    device, a link to nothing. Nothing is changed."""
+    for name in names:
+        f = d / name
+        if (f.exists() or f.is_symlink()) and not f.is_file():
+            raise RunDirTaken(f"{f}: not a file (a directory, a device, a link to nothing), where a run keeps its "
+                              f"{name.split('/')[-1]}; nothing was changed: move it away, or choose an empty "
+                              "hydra.run.dir")
 
 
 def is_locked(d: Path) -> bool:

@@ -26,7 +26,7 @@ from modforge.config.composition import load, to_plain
 from modforge.config.overrides import user_override_keys
 from modforge.errors import ConfigError, ModforgeError, RunDirTaken
 from modforge.run import measure, ranks
-from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, read_state, run_lock,
+from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, not_a_file, read_state, run_lock,
                                 trim_metrics_csv)
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.run.summary import print_summary, say_init
@@ -121,12 +121,7 @@ def decide_start(cfg: DictConfig, out_dir: Path, resume: Optional[str]) -> Start
     and ``resume=``; a directory that is another run's is refused before anything is written."""
     state = read_state(out_dir)
     refuse_unusable(out_dir, state)
-    for name in ("config.yaml", "metrics.json", "status.json", "checkpoints/last.ckpt"):  # a run writes files there
-        f = out_dir / name
-        if (f.exists() or f.is_symlink()) and not f.is_file():
-            raise RunDirTaken(f"{f}: not a file (a directory, a device, a link to nothing), where a run keeps its "
-                              f"{name.split('/')[-1]}; nothing was changed: move it away, or choose an empty "
-                              "hydra.run.dir")
+    not_a_file(out_dir, "config.yaml", "metrics.json", "status.json", "checkpoints/last.ckpt")  # a run writes them
     if resume:
         in_place = Path(resume).resolve() == (out_dir / "checkpoints" / "last.ckpt").resolve()
         if state.holds_run and not in_place and state.config is not None:
