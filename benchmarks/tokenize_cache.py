@@ -28,7 +28,8 @@ from types import SimpleNamespace
 
 from modforge.data import cache
 from modforge.data import corpus as corpus_mod
-from modforge.data.tokenizers import make_tokenizer, rechunk
+from modforge.data.config import make_tokenizer
+from modforge.data.text import rechunk
 
 
 def peak_rss_mb() -> float:

@@ -2,7 +2,7 @@
 
 :mod:`modforge.registry` is the ground floor and knows nothing above it; this
 module knows the whole house. Entry points (``train``, ``generate``, ``list``,
-:func:`modforge.config.composition.compose`, :func:`modforge.checkpoints.files.load_checkpoint`)
+:func:`modforge.config.compose`, :func:`modforge.checkpoints.files.load_checkpoint`)
 call :func:`load_all` before they compose a config or build a component.
 
 * :func:`load_builtins` imports every module that declares a kind or registers

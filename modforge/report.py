@@ -62,7 +62,8 @@ from typing import Optional
 from modforge.cli.command import command
 from modforge.registry import suggest
 from modforge.results.jobs import STATUSES, ReportError, load_jobs, mark_collapsed, select, study_of
-from modforge.results.tables import build_tables, to_csv, to_json, to_markdown
+from modforge.results.formats import to_csv, to_json, to_markdown
+from modforge.results.tables import build_tables
 
 OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where", "margin",
            "collapse_tol", "study", "at", "x", "panel", "by_position")

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from modforge.data.lm import stdlib_sources
+from modforge.data.config import make_tokenizer
+from modforge.data.text import rechunk, safe_cut, split_text
 from modforge.data.tokenizers import (
-    BOS, EOS, MASK, PAD, SPECIALS, UNK, BPETokenizer, ByteTokenizer, CharTokenizer, load_tokenizer, make_tokenizer,
-    rechunk, safe_cut, split_text,
+    BOS, EOS, MASK, PAD, SPECIALS, UNK, BPETokenizer, ByteTokenizer, CharTokenizer, load_tokenizer,
 )
 from modforge import registry
 from modforge.registry import ConfigError, build

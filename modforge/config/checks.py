@@ -41,7 +41,7 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         if isinstance(name, str):
             registry.get(kind, name)
     if "data" in typed and hasattr(typed["data"][1], "tokenizer"):
-        from modforge.data.tokenizers import make_tokenizer
+        from modforge.data.config import make_tokenizer
 
         tok = make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
         if not tok.fits_on_data and getattr(tok, "hf", True) is None and not cfg.get("init_from") \

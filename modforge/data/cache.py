@@ -14,7 +14,7 @@ else ``~/.cache/modforge``::
 Every file is written to a temporary name and renamed into place (``os.replace``),
 ``meta.json`` last, so a crashed or concurrent build never leaves a cache that
 looks complete. Text is streamed and tokenized in chunks of about
-:data:`CHUNK_CHARS` characters cut at safe positions (:func:`~modforge.data.tokenizers.safe_cut`),
+:data:`CHUNK_CHARS` characters cut at safe positions (:func:`~modforge.data.text.safe_cut`),
 so memory stays flat however large the corpus is. Nothing is ever deleted:
 remove the directory to reclaim space.
 """
@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from modforge.data.corpus import CHUNK_CHARS, Corpus, CorpusInfo, window
-from modforge.data.tokenizers import Tokenizer, rechunk
+from modforge.data.text import rechunk
+from modforge.data.tokenizers import Tokenizer
 from modforge.utils.files import CACHE_ENV, atomic_file, read_json, write_json
 from modforge.utils.files import cache_dir as io_cache_dir
 from modforge.registry import ConfigError

@@ -24,7 +24,8 @@ import torch
 from modforge.data.base import LABELS
 from modforge.data.corpus import existing_file, open_text, refuse_binary
 from modforge.data.examples import ExamplesData, collate_labeled, hold_out
-from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer
+from modforge.data.config import TokenizedDataConfig
+from modforge.data.tokenizers import Tokenizer
 from modforge.registry import ConfigError, register
 
 

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from modforge.data.base import DataFacts, DataModule
 from modforge.data.cache import cache_root, fit_tokenizer
 from modforge.data.corpus import text_sha
-from modforge.data.tokenizers import BOS, EOS, PAD, Tokenizer, make_tokenizer
+from modforge.data.config import make_tokenizer
+from modforge.data.tokenizers import BOS, EOS, PAD, Tokenizer
 from modforge.registry import ConfigError
 
 

@@ -48,7 +48,9 @@ from torch.utils.data import DataLoader, Dataset
 from modforge.data.base import TOKENS, DataFacts, DataModule
 from modforge.data.cache import cache_root, corpus_info, fit_tokenizer, token_cache
 from modforge.data.corpus import CHUNK_CHARS, Corpus, FilesCorpus, IterCorpus, expand_paths, window
-from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer, make_tokenizer, rechunk
+from modforge.data.config import TokenizedDataConfig, make_tokenizer
+from modforge.data.text import rechunk
+from modforge.data.tokenizers import Tokenizer
 from modforge.utils.files import atomic_file
 from modforge.utils.targets import IGNORE
 from modforge.registry import ConfigError, register

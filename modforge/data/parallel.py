@@ -19,7 +19,8 @@ from typing import Optional
 from modforge.data.corpus import existing_file, open_text, refuse_binary
 from modforge.data.base import PAIRS
 from modforge.data.examples import ExamplesData, collate_pairs, hold_out
-from modforge.data.tokenizers import TokenizedDataConfig, Tokenizer
+from modforge.data.config import TokenizedDataConfig
+from modforge.data.tokenizers import Tokenizer
 from modforge.registry import ConfigError, register
 
 

@@ -23,7 +23,7 @@ except ImportError as e:  # the report still prints and writes its tables
 
 from modforge.results import stats
 from modforge.results.jobs import read_curve
-from modforge.results.tables import label_of
+from modforge.results.formats import label_of
 
 
 def slug(text: str) -> str:

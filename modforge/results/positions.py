@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from modforge.results.jobs import ReportError
-from modforge.results.tables import label_of
+from modforge.results.formats import label_of
 
 
 @dataclass

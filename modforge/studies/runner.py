@@ -101,7 +101,7 @@ def wall(seconds: float, runs: int, stages: int, jobs: int, startup: float) -> f
 
 
 def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
-    from modforge.results.tables import fmt_count
+    from modforge.results.formats import fmt_count
 
     lines = [f"study {d.experiment}: {d.study.get('question', '(no question declared)')}",
              f"  directory {study_dir}; {d.jobs} job{'s' * (d.jobs > 1)} side by side",

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from modforge.results import jobs, stats
-from modforge.results.tables import fmt_count, markdown_table
+from modforge.results.formats import fmt_count, markdown_table
 from modforge.studies import ladder, sequential, tuning
 from modforge.studies.design import Design
 from modforge.utils.files import write_json, write_text

@@ -1,7 +1,7 @@
 """GPU slots: which job runs on which devices, so that no two jobs ever share one and none stays idle.
 
 Plain Python (no torch, no Hydra): the decisions of ``hydra/launcher=gpus``
-(:mod:`modforge.sweeps.launchers`) are made here and tested on simulated devices.
+(:mod:`modforge.sweeps.gpus`) are made here and tested on simulated devices.
 
 * :class:`SlotPool` hands out devices: ``take(k)`` gives k distinct devices with room for one more job, the
   least loaded first, then the lowest (or nothing when fewer have room), ``give`` returns them. A device has
