@@ -334,3 +334,29 @@ print("RESULT " + json.dumps({"discovery": t_discovery, "cached": t_cached, "bui
         print(f"\n[plugin discovery, no plugins] load_plugins(): {res['discovery'] * 1e3:.2f} ms; "
               f"cached second call: {res['cached'] * 1e6:.1f} us; (for scale: load_builtins(): "
               f"{res['builtins']:.2f} s; entry points actually installed: {res['installed']})")
+
+
+@needs_extras
+def test_a_plugins_own_check_runs_with_modforges(tmp_path):
+    """A plugin's Config.check(run) is called by the same loop as modforge's own: ALiBi's note about one head
+    is printed before any work; the same command with two heads has none."""
+    one = run_in_process("modforge.train", tmp_path, "pos=alibi", "model.n_heads=1", "model.d_model=16",
+                         "model.n_layers=1", "dry_run=true", f"hydra.run.dir={tmp_path / 'a'}")
+    two = run_in_process("modforge.train", tmp_path, "pos=alibi", "model.n_heads=2", "model.d_model=16",
+                         "model.n_layers=1", "dry_run=true", f"hydra.run.dir={tmp_path / 'b'}")
+    assert one.returncode == 0 and "note: pos=alibi with model.n_heads=1" in one.stderr
+    assert two.returncode == 0 and "pos=alibi" not in two.stderr
+
+
+def test_the_config_checks_name_no_option():
+    """config/checks.py compares no option's name: every option's own rules are its Config's check()."""
+    import re
+
+    from modforge import registry
+    from modforge.plugins import load_all
+
+    load_all()
+    names = {e.name for k in registry.kinds() for e in registry.registry(k).entries()}
+    src = (REPO / "modforge" / "config" / "checks.py").read_text()
+    compared = set(re.findall(r"""[!=]=\s*["'](\w+)["']|["'](\w+)["']\s*[!=]=""", src))
+    assert not {n for pair in compared for n in pair if n} & names

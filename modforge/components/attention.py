@@ -292,6 +292,13 @@ class GroupedConfig(MultiHeadAttention.Config):
         if self.n_kv_heads < 1:
             raise ConfigError(f"attention.n_kv_heads={self.n_kv_heads}: must be >= 1")
 
+    def check(self, run: dict) -> list:
+        heads = (run.get("model") or {}).get("n_heads")
+        if isinstance(heads, int) and heads % self.n_kv_heads:
+            raise ConfigError(f"attention.n_kv_heads={self.n_kv_heads}: must divide model.n_heads={heads} (each "
+                              "key/value head is shared by the same number of query heads)")
+        return []
+
 
 @dataclass
 class MultiQueryConfig(GroupedConfig):

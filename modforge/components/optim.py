@@ -141,6 +141,16 @@ class NoamConfig:
             raise ConfigError(f"scheduler.factor={self.factor}: must be > 0")
 
 
+def warmup_note(warmup: int, run: dict) -> list:
+    """A warm-up that is not shorter than the run never reaches ``optim.lr``: a note (fine for a smoke test)."""
+    total = (run.get("trainer") or {}).get("max_steps") or 0
+    if total > 0 and warmup >= total:
+        return [f"scheduler.warmup_steps={warmup} is not shorter than trainer.max_steps={total}: the learning rate "
+                f"never reaches optim.lr={(run.get('optim') or {}).get('lr')} (fine for a smoke test; for a result, "
+                f"shorten the warm-up, e.g. scheduler.warmup_steps={total // 10}, or train longer)"]
+    return []
+
+
 @dataclass
 class CosineConfig:
     warmup_steps: int = 100
@@ -154,6 +164,9 @@ class CosineConfig:
         if self.total_steps is not None and self.total_steps < 1:
             raise ConfigError(f"scheduler.total_steps={self.total_steps}: must be >= 1 (or null: trainer.max_steps)")
 
+    def check(self, run: dict) -> list:
+        return warmup_note(self.warmup_steps, run)
+
 
 @dataclass
 class ConstantConfig:
@@ -162,6 +175,9 @@ class ConstantConfig:
     def __post_init__(self):
         if self.warmup_steps < 0:
             raise ConfigError(f"scheduler.warmup_steps={self.warmup_steps}: must be >= 0")
+
+    def check(self, run: dict) -> list:
+        return warmup_note(self.warmup_steps, run)
 
 
 def noam_factor(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

@@ -40,15 +40,6 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         name = OmegaConf.select(cfg, where) if where else None
         if isinstance(name, str):
             registry.get(kind, name)
-    if "data" in typed and hasattr(typed["data"][1], "tokenizer"):
-        from modforge.data.config import make_tokenizer
-
-        tok = make_tokenizer(typed["data"][1])  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
-        if not tok.fits_on_data and getattr(tok, "hf", True) is None and not cfg.get("init_from") \
-                and not cfg.get("resume"):
-            raise registry.ConfigError(f"data.tokenizer={cfg.data.tokenizer}: it learns nothing from the data, so it "
-                                       "needs data.tokenizer_path=<a tokenizer.json> (or comes with init_from= or "
-                                       "resume= of a model that has one)")
     if "optim" in typed and "scheduler" in typed:  # built once on a dummy parameter: their own checks, now
         import torch
 
@@ -59,16 +50,12 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
         d_model = getattr(typed.get("model", (None, None))[1], "d_model", 1)
         registry.build("scheduler", cfg.scheduler, opt, d_model=d_model, total_steps=total)
-        warmup = cfg.scheduler.get("warmup_steps")
-        if total and isinstance(warmup, int) and warmup >= total and cfg.scheduler.get("name") != "noam":
-            notes.append(f"scheduler.warmup_steps={warmup} is not shorter than trainer.max_steps={total}: the "
-                         f"learning rate never reaches optim.lr={cfg.optim.get('lr')} (fine for a smoke test; for a "
-                         f"result, shorten the warm-up, e.g. scheduler.warmup_steps={total // 10}, or train longer)")
-    if "attention" in typed and "model" in typed:
-        kv, heads = getattr(typed["attention"][1], "n_kv_heads", None), getattr(typed["model"][1], "n_heads", None)
-        if kv is not None and heads is not None and heads % kv:
-            raise registry.ConfigError(f"attention.n_kv_heads={kv}: must divide model.n_heads={heads} (each key/value "
-                                       "head is shared by the same number of query heads)")
+    run = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+           for k in cfg if k != "hydra"}  # (Hydra's own node resolves only inside a running job)
+    for _, conf in typed.values():  # each option's own rules against the rest of the run (its config's check)
+        hook = getattr(conf, "check", None)
+        if callable(hook):
+            notes += [n for n in hook(run) or [] if n not in notes]
     if "param" in typed and "model" in typed:  # param=mup: every part declared, the base shape's keys known
         from modforge.models.blocks import Parts
 
@@ -82,10 +69,6 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     if "data" in typed and "model" in typed:
         (data_entry, data), (_, model) = typed["data"], typed["model"]
         check_positions(data_entry.cls.max_positions(data), model.max_len, f"data={cfg.data.name}")
-    if cfg.get("eval_block_sizes") and "data" in typed and not hasattr(typed["data"][1], "block_size"):
-        raise registry.ConfigError(f"eval_block_sizes={list(cfg.eval_block_sizes)}: data={cfg.data.name} has no "
-                                   "block_size (evaluating at other lengths needs language-modelling data cut "
-                                   "into windows: stdlib, tinyshakespeare, text, hf)")
     for key in ("eval_stride", "eval_by_position"):
         if cfg.get(key) and not cfg.get("eval_block_sizes"):
             raise registry.ConfigError(f"{key}={cfg.get(key)}: it applies to the evaluations of eval_block_sizes, which "

@@ -9,8 +9,20 @@ from modforge.data.tokenizers.base import Tokenizer
 from modforge.registry import ConfigError, build, get, registry
 
 
+class DataChecks:
+    """What every data config checks against the rest of the run (``check``: one-line refusals, notes)."""
+
+    def check(self, run: dict) -> list:
+        sizes = run.get("eval_block_sizes")
+        if sizes and not hasattr(self, "block_size"):
+            raise ConfigError(f"eval_block_sizes={list(sizes)}: data={run.get('data', {}).get('name')} has no "
+                              "block_size (evaluating at other lengths needs language-modelling data cut into "
+                              "windows: stdlib, tinyshakespeare, text, hf)")
+        return []
+
+
 @dataclass
-class TokenizedDataConfig:
+class TokenizedDataConfig(DataChecks):
     """Keys every tokenized dataset shares (subclasses add theirs; all have defaults)."""
 
     tokenizer: str = "char"  # char | byte | bpe (any registered tokenizer)
@@ -32,6 +44,14 @@ class TokenizedDataConfig:
             raise ConfigError(f"data.batch_size={self.batch_size}: must be >= 1")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers={self.num_workers}: must be >= 0 (0: load in the main process)")
+
+    def check(self, run: dict) -> list:
+        tok = make_tokenizer(self)  # its keys (vocab_size, tokenizer_path) checked against the tokenizer
+        if not tok.fits_on_data and not tok.loaded and not run.get("init_from") and not run.get("resume"):
+            raise ConfigError(f"data.tokenizer={self.tokenizer}: it learns nothing from the data, so it needs "
+                              "data.tokenizer_path=<a tokenizer.json> (or comes with init_from= or resume= of a "
+                              "model that has one)")
+        return super().check(run)
 
 
 # data-config key -> tokenizer-config field it is passed to

@@ -15,13 +15,14 @@ from typing import Optional
 from torch.utils.data import DataLoader, Dataset
 
 from modforge.data.base import PAIRS, DataFacts, DataModule
+from modforge.data.config import DataChecks
 from modforge.data.examples import collate_pairs, with_ids
 from modforge.data.tokenizers import CharTokenizer, Tokenizer
 from modforge.registry import ConfigError, register
 
 
 @dataclass
-class SyntheticConfig:
+class SyntheticConfig(DataChecks):
     min_len: int = 3
     max_len: int = 12
     n_train: int = 50_000

@@ -148,6 +148,18 @@ class ALiBi(PositionalScheme):
     extrapolates), though a KV cache still is.
     """
 
+    @dataclass
+    class Config:
+        def check(self, run: dict) -> list:
+            """A plugin's own rule against the rest of the run (docs/plugins.md, "Checks"): one-line refusals
+            are raised as ConfigError, notes returned. With one head ALiBi is one recency slope, 2^-8."""
+            heads = (run.get("model") or {}).get("n_heads")
+            if heads == 1:
+                return ["pos=alibi with model.n_heads=1: the one head gets the slope 2^-8, the gentlest of ALiBi's "
+                        "set (a bias of -0.25 across 64 positions); its heads span near and far only with several "
+                        "(the paper used 8 or more)"]
+            return []
+
     def __init__(self, cfg, d_model: int, n_heads: int, max_len: int):
         super().__init__(cfg, d_model, n_heads, max_len)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads), dtype=torch.float32), persistent=False)

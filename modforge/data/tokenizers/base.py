@@ -38,6 +38,11 @@ class Tokenizer:
         raise NotImplementedError
 
     @property
+    def loaded(self) -> bool:
+        """Whether it can encode now, without fitting (a tokenizer read from a file: once the file is read)."""
+        return True
+
+    @property
     def unknown_id(self) -> Optional[int]:
         """The id text the vocabulary does not cover becomes (None: every text is covered, as bytes are)."""
         return self.unk_id

@@ -63,6 +63,10 @@ class BPETokenizer(Tokenizer):
     def fits_on_data(self) -> bool:  # type: ignore[override]
         return not self.cfg.path
 
+    @property
+    def loaded(self) -> bool:  # type: ignore[override]
+        return self.hf is not None
+
     def _set(self, hf) -> None:
         hf.encode_special_tokens = True  # "<pad>" in the text is text, not the special token
         ours = all(hf.token_to_id(s) == i for i, s in enumerate(SPECIALS))
