@@ -12,8 +12,8 @@ where it stopped: finished runs are skipped, interrupted ones resume, nothing is
 Options (the rest are overrides of the config, applied to every job):
   experiment=NAME   the experiment whose study: block is run (required)
   dir=PATH          the study's directory (default studies/<experiment>)
-  jobs=K            jobs side by side, each with its share of the cores (default: the block's jobs, else 2 on a
-                    machine of 2 or more cores: measured faster here, docs/studies.md)
+  jobs=K            jobs side by side, each with its share of the cores, 1 to the cores here (default: the
+                    block's jobs, else 2 on a machine of 2 or more cores: measured faster here, docs/studies.md)
   dry_run=true      measure and print the plan, run nothing else
   force=true        start even when the plan could exceed study.budget
   draws=1000        bootstrap draws for the ladder's fits
@@ -55,7 +55,7 @@ def parse(argv: list) -> tuple[dict, list]:
         opts[key] = opts[key] == "true"
     for key in ("jobs", "draws"):
         if opts[key] is not None:
-            if not opts[key].isdigit() or int(opts[key]) < (1 if key == "jobs" else 0):
+            if not (opts[key].isascii() and opts[key].isdigit()) or int(opts[key]) < (1 if key == "jobs" else 0):
                 raise ConfigError(f"{key}={opts[key]}: a whole number{' >= 1' if key == 'jobs' else ''}")
             opts[key] = int(opts[key])
     return opts, overrides

@@ -114,9 +114,9 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
     tune = s.get("tune") or {}
     grid = tune.get("params") or {}
     seeds = s.get("seeds") or {"min": 3, "max": 3, "step": 1, "start": 1000}
+    key = "jobs" if jobs is not None else "study.jobs"
     jobs = jobs if jobs is not None else int(s.get("jobs", default_jobs()))
-    if jobs < 1:
-        raise ConfigError(f"jobs={jobs}: an integer >= 1 (jobs side by side)")
+    check_jobs(key, jobs)
     d = Design(experiment, list(overrides), s, arms, s["baseline"], rungs, grid, list(tune.get("seeds") or []),
                int(tune.get("extend", 0)), seeds, sequential.looks(seeds["min"], seeds["max"], seeds["step"]), jobs,
                dict(base or {}))
@@ -196,6 +196,17 @@ def check_arms_and_grid(d: Design) -> None:
             if same in seen:
                 raise ConfigError(f"study.tune.params.{key}={values}: {v} is listed twice")
             seen.add(same)
+
+
+def check_jobs(key: str, jobs: int) -> None:
+    """Jobs side by side: 1 to this machine's cores. Each job is a process with its share of the cores (at least
+    one thread), and the launcher starts as many slots as jobs: more jobs than cores only oversubscribe them."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if not 1 <= jobs <= cores:
+        raise ConfigError(f"{key}={jobs}: a whole number from 1 to {cores}, the cores here (jobs run side by side, "
+                          "each a process with its share of the cores)")
 
 
 def default_jobs() -> int:

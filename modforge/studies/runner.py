@@ -282,18 +282,21 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
 
 def check_cells_compose(d: Design) -> None:
     """Every value of the tuning grid (with the baseline at the first rung) and every arm at every rung (with the
-    grid's first values) composed and validated as its jobs will be, before the probe: a mistake is one line
-    naming the study's key, never the runner's internal override."""
+    grid's first values) composed and validated as its jobs will be, and the study's metric one that each arm's
+    task declares, before the probe: a mistake is one line naming the study's key, never the runner's internal
+    override."""
     from modforge.config.checks import validate
     from modforge.config.composition import compose_job
     from modforge.config.grid import cell_overrides
 
-    def check(cell: dict, where: str) -> None:
+    def check(cell: dict, where: str):
         try:
-            validate(compose_job([f"experiment={d.experiment}", *d.overrides,
-                                  *(cell_overrides([cell])[0] if cell else [])]))
+            cfg = compose_job([f"experiment={d.experiment}", *d.overrides,
+                               *(cell_overrides([cell])[0] if cell else [])])
+            validate(cfg)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+        return cfg
 
     first = {k: v[0] for k, v in d.grid.items()}
     small = next(iter(d.rungs.values()))
@@ -302,8 +305,22 @@ def check_cells_compose(d: Design) -> None:
             check({**d.arms[d.baseline], **small, **first, k: v}, f"study.tune.params.{k}={v}")
     for arm, ov in d.arms.items():
         for rung, rv in d.rungs.items():
-            role = "baseline" if arm == d.baseline else "compare"
-            check({**ov, **rv, **first}, f"study.{role}: {arm}{f' at rung {rung}' if rung else ''}")
+            where = f"study.{'baseline' if arm == d.baseline else 'compare'}: {arm}{f' at rung {rung}' if rung else ''}"
+            check_metric(d.metric, check({**ov, **rv, **first}, where), where)
+
+
+def check_metric(metric: str, cfg, where: str) -> None:
+    """``study.metric``: a validation metric the job's task declares (its ``metric_ranges``, by the name after
+    ``val/``; ``val@<n>/`` for each length of ``eval_block_sizes``), known before any run. Whether the runs
+    report it is checked again on the probe's records (:func:`modforge.studies.stages.check_reported`)."""
+    from modforge import registry
+
+    entry, _ = registry.make_config("task", cfg.task)
+    heads = ["val", *(f"val@{n}" for n in cfg.get("eval_block_sizes") or [])]
+    declared = [f"{h}/{name}" for h in heads for name in entry.cls.metric_ranges]
+    if metric not in declared:
+        raise ConfigError(f"study.metric={metric}: not a validation metric of task={entry.name} ({where}); it "
+                          f"declares {', '.join(declared)}")
 
 
 def config_of(cfg) -> dict:
@@ -334,23 +351,27 @@ def ran_before(study_dir: Path) -> bool:
 
 def check_same_study(d: Design, state: dict, study_dir: Path, config: Optional[dict] = None) -> None:
     """A study directory answers one declared study: a different block, command line or composed config (the
-    experiment edited outside its block) needs a new ``dir=``."""
+    experiment edited outside its block) needs a new ``dir=``. The log is a file: a recorded value of another
+    shape than the study writes is another study's (or none's), refused as such."""
     if not state:
         return
-    if config is not None and isinstance(state.get("config"), dict):
+    if config is not None and "config" in state:
         from modforge.run.dirs import config_difference
 
-        diff = config_difference(state["config"], config)
+        then = state["config"]
+        diff = config_difference(then, config) if isinstance(then, dict) else [f"study.json holds {then!r}"]
         if diff:
             raise ConfigError(f"{study_dir}: its runs were trained with another config ({'; '.join(diff)}); give a "
                               "new dir= (a study's runs and its report must describe the same config)")
 
-    def design(block: dict) -> dict:  # what decides the runs and their answers (not the budget, not the pace)
-        return {k: v for k, v in block.items() if k not in ("budget", "jobs")}
+    def design(block):  # what decides the runs and their answers (not the budget, not the pace)
+        return {k: v for k, v in block.items() if k not in ("budget", "jobs")} if isinstance(block, dict) else block
 
-    def command(overrides: list) -> list:  # the command's switches (retry_failed=true ...) change no run
+    def command(overrides):  # the command's switches (retry_failed=true ...) change no run
         from modforge.run.dirs import CONTROL_KEYS
 
+        if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+            return overrides
         return [o for o in overrides if not o.lstrip("+~").startswith(("study.budget", "study.jobs"))
                 and o.split("=", 1)[0] not in CONTROL_KEYS]
 
@@ -360,5 +381,5 @@ def check_same_study(d: Design, state: dict, study_dir: Path, config: Optional[d
                            ("overrides", command(state.get("overrides", [])), command(d.overrides)),
                            ("study", design(state.get("study", {})), design(json.loads(json.dumps(d.study))))):
         if key in state and then != now:
-            raise ConfigError(f"{study_dir}: it holds a study started with another {key} ({then!r}, now "
-                              f"{now!r}); give a new dir= (a study's design is fixed before its results)")
+            raise ConfigError(f"{study_dir}: it holds a study started with another {key} (study.json: {then!r}, "
+                              f"now {now!r}); give a new dir= (a study's design is fixed before its results)")

@@ -8,7 +8,7 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -50,14 +50,56 @@ def cells_argument(cells: list[Cell]) -> str:
 
 def stage_cells(stage_dir: Path, make) -> list[Cell]:
     """The stage's cells as first decided (``cells.json``), or ``make()``'s, now kept there."""
-    kept = read_json(stage_dir / "cells.json")
+    kept = kept_cells(stage_dir / "cells.json")
     if kept is not None:
-        return [Cell(**c) for c in kept["cells"]]
+        return kept
     cells = make()
     if cells:
         stage_dir.mkdir(parents=True, exist_ok=True)
         write_json(stage_dir / "cells.json", {"cells": [c.record() for c in cells]})
     return cells
+
+
+def not_written(where: Path, why: str) -> ConfigError:
+    """A stage's record the study did not write as it is: one line naming the file and what is wrong."""
+    return ConfigError(f"{where}: {why}; this is not a stage the study wrote: give the study a new dir=")
+
+
+CELL_FIELDS = {f.name: f.type for f in fields(Cell)}  # arm, rung, setting: str; seed: int; overrides: dict
+TYPE_WORDS = {str: "a string", int: "a whole number", dict: "a mapping"}
+
+
+def kept_cells(where: Path) -> Optional[list[Cell]]:
+    """A stage's ``cells.json`` as the study writes it, ``{"cells": [...]}`` with one mapping of :class:`Cell`'s
+    fields per job (one job at least: a stage without jobs keeps no file), as cells; None when there is none.
+    Anything else is one line naming the file and what is wrong."""
+    if not where.exists():
+        return None
+    kept = read_json(where)
+    if kept is None:
+        raise not_written(where, "not a readable JSON file")
+    if not isinstance(kept, dict) or set(kept) != {"cells"}:
+        raise not_written(where, f"it holds {short(kept)}, not {{\"cells\": [one mapping per job]}}")
+    if not isinstance(kept["cells"], list) or not kept["cells"]:
+        raise not_written(where, f"its cells are {short(kept['cells'])}, not a list of one or more jobs")
+    cells = []
+    for i, c in enumerate(kept["cells"]):
+        if not isinstance(c, dict):
+            raise not_written(where, f"cell {i} is {short(c)}, not a mapping of {', '.join(CELL_FIELDS)}")
+        if set(c) != set(CELL_FIELDS):
+            raise not_written(where, f"cell {i} has the keys {', '.join(sorted(map(str, c)))}; a cell has "
+                                     f"exactly {', '.join(CELL_FIELDS)}")
+        for k, kind in CELL_FIELDS.items():
+            if not isinstance(c[k], kind) or isinstance(c[k], bool):
+                raise not_written(where, f"cell {i} has {k}={short(c[k])}, not {TYPE_WORDS[kind]}")
+        cells.append(Cell(**c))
+    return cells
+
+
+def short(x, width: int = 60) -> str:
+    """A record's value as JSON, cut to ``width`` characters: a message's quotation of what a file holds."""
+    text = json.dumps(x)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def design_keys(d: Design) -> set:
@@ -69,22 +111,22 @@ def design_keys(d: Design) -> set:
 
 def check_cells(d: Design, stage_dir: Path, cells: list) -> None:
     """A stage's cells (``cells.json``, a file) before they become a command line: each a mapping of keys this
-    design sets to plain values, with nothing that builds or resolves; else one line naming the cell and key."""
+    design sets to plain values, with nothing that builds or resolves, for an arm and a rung of the design; else
+    one line naming the cell and what is wrong."""
     from modforge.config.untrusted import check_recorded_override
 
     allowed = design_keys(d)
     where = stage_dir / "cells.json"
     for i, c in enumerate(cells):
-        if not isinstance(c.overrides, dict):
-            raise ConfigError(f"{where}: cell {i} holds {type(c.overrides).__name__} overrides, not a mapping; "
-                              "this is not a stage the study wrote: give the study a new dir=")
         for k, v in c.overrides.items():
             if not isinstance(k, str) or (k not in allowed and not k.startswith("param.base.")) or \
                     isinstance(v, (dict, list)):
-                raise ConfigError(f"{where}: cell {i} sets {k}={v!r}, which this study's design does not set (its "
-                                  f"keys: {', '.join(sorted(allowed))}); this is not a stage the study wrote: give "
-                                  "the study a new dir=")
+                raise not_written(where, f"cell {i} sets {k}={v!r}, which this study's design does not set (its "
+                                         f"keys: {', '.join(sorted(allowed))})")
             check_recorded_override(f"{k}={v}", str(where))
+        if c.arm not in d.arms or c.rung not in d.rungs:
+            raise not_written(where, f"cell {i} is arm {c.arm!r} at rung {c.rung!r}, which this design does not "
+                                     f"have (arms: {', '.join(d.arms)}; rungs: {', '.join(map(repr, d.rungs))})")
 
 
 class StageClock:
@@ -249,11 +291,28 @@ def probe(d: Design, study_dir: Path, clock: StageClock) -> dict:
     cells = stage_cells(study_dir / "probe", lambda: [
         Cell(arm, rung, "", 0, {**d.arms[arm], **rv, "trainer.max_steps": PROBE_STEPS, "seed": 0, **quick})
         for rung, rv in d.rungs.items() for arm in d.arms])
+    check_cells(d, study_dir / "probe", cells)  # what each cell sets first, then that they measure every arm
+    unmeasured = [(a, r) for r in d.rungs for a in d.arms if not any((c.arm, c.rung) == (a, r) for c in cells)]
+    if unmeasured:
+        a, r = unmeasured[0]
+        raise not_written(study_dir / "probe" / "cells.json", f"no cell measures arm {a} at {r or 'the config'}")
     print(f"[study] measuring this machine: {len(cells)} runs of {PROBE_STEPS} steps (each arm at each size)",
           flush=True)
     run_stage(d, study_dir / "probe", cells, d.jobs, clock)
-    return {(r["cell"].arm, r["cell"].rung): probe_figures(r["metrics"])
-            for r in read_stage(d, study_dir / "probe", cells)}
+    results = read_stage(d, study_dir / "probe", cells)
+    check_reported(d.metric, results)
+    return {(r["cell"].arm, r["cell"].rung): probe_figures(r["metrics"]) for r in results}
+
+
+def check_reported(metric: str, results: list) -> None:
+    """The study's metric among what the probe's runs report, before anything else trains. (Before any run,
+    :func:`modforge.studies.runner.check_metric` holds it to what their tasks declare; a task may declare a
+    metric it reports only with some data or settings, e.g. ``val/bpc`` on text.)"""
+    reported = sorted({k for r in results if isinstance(r["metrics"].get("val"), dict) for k in r["metrics"]["val"]})
+    if reported and metric not in reported:
+        raise ConfigError(f"study.metric={metric}: no run of the probe reports it (they report "
+                          f"{', '.join(reported)}); declare one of those, and give the study a new dir= (its design "
+                          "is fixed once runs have results)")
 
 
 def probe_figures(m: dict) -> dict:
@@ -320,6 +379,10 @@ def owned_log(study_dir: Path) -> dict:
     foreign = [e for e in entries if e not in STUDY_ENTRIES and not e.startswith(".")]
     if foreign:
         raise refuse(f"it holds files a study did not write ({', '.join(foreign[:3])})")
+    seconds = state.get("stage_seconds", {})  # the log's own bookkeeping, carried on (the design's: check_same_study)
+    if not (isinstance(seconds, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and
+                                              math.isfinite(v) and v >= 0 for v in seconds.values())):
+        raise refuse(f"study.json there holds stage_seconds={short(seconds)}, not each stage's seconds")
     return state
 
 
