@@ -10,7 +10,7 @@ ids and special tokens (``data.tokenizer=pretrained``). That checkpoint is what
 ``python -m modforge.generate ckpt=``, ``load_checkpoint`` and fine-tuning with
 ``python -m modforge.train init_from=`` take. Nothing is downloaded: point ``hf=``
 at a local copy (see README, "Pretrained models"). An architecture or option the
-mapping cannot represent is refused in one line naming it. Keys (``key=value``):
+mapping cannot represent is refused in one line naming it. Keys (``key=value``, each once):
 
   hf         the model directory                                                  (required)
   out        the checkpoint file to write (a directory: <dir>/model.ckpt)          (required)
@@ -24,16 +24,13 @@ from typing import Optional
 
 from modforge import registry
 from modforge.checkpoints.convert import convert
-from modforge.cli.command import command
+from modforge.cli.command import command, key_values
 
 KEYS = ("hf", "out", "tokenizer", "dtype")
 
 
 def convert_command(argv: list) -> None:
-    keys = dict(a.split("=", 1) for a in argv if "=" in a)
-    bad = [a for a in argv if "=" not in a] + [k for k in keys if k not in KEYS]
-    if bad:
-        raise registry.ConfigError(f"'{bad[0]}': expected {', '.join(k + '=' for k in KEYS)} (see --help)")
+    keys = key_values(argv, KEYS, f"{', '.join(k + '=' for k in KEYS)} (see --help)")
     if "hf" not in keys or "out" not in keys:
         raise registry.ConfigError("both hf=<model directory> and out=<file.ckpt> are required (see --help)")
     path, s = convert(keys["hf"], keys["out"], keys.get("tokenizer"), keys.get("dtype", "float32"))

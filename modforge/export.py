@@ -14,7 +14,7 @@ With ``format=hf`` it writes a Hugging Face model directory instead (config.json
 tokenizer.json when the model has a pretrained tokenizer), which ``transformers`` loads with
 ``from_pretrained`` and which computes the same logits: for models whose configuration is GPT-2's
 (``GPT2LMHeadModel``) or Llama's (``LlamaForCausalLM``, grouped-query attention and RoPE scalings included).
-Anything else is refused in one line naming what does not map. Keys (``key=value``):
+Anything else is refused in one line naming what does not map. Keys (``key=value``, each once):
 
   ckpt    a checkpoint file or a run directory (its checkpoints/last.ckpt)   (required)
   out     the directory to write (new, or an earlier export's: another tool's files are never replaced)  (required)
@@ -28,14 +28,11 @@ from typing import Optional
 
 from modforge import registry
 from modforge.checkpoints.export import export, export_hf, load_exported  # noqa: F401 - load_exported: public here
-from modforge.cli.command import command
+from modforge.cli.command import command, key_values
 
 def export_command(argv: list) -> None:
-    keys = dict(a.split("=", 1) for a in argv if "=" in a)
-    bad = [a for a in argv if "=" not in a] + [k for k in keys if k not in ("ckpt", "out", "format")]
-    if bad:
-        raise registry.ConfigError(f"'{bad[0]}': expected ckpt=<run dir or .ckpt>, out=<dir> and optionally "
-                                   "format=modforge|hf (see --help)")
+    keys = key_values(argv, ("ckpt", "out", "format"),
+                      "ckpt=<run dir or .ckpt>, out=<dir> and optionally format=modforge|hf (see --help)")
     if "ckpt" not in keys or "out" not in keys:
         raise registry.ConfigError("both ckpt=<run dir or .ckpt> and out=<dir> are required (see --help)")
     fmt = keys.get("format", "modforge")

@@ -1,13 +1,13 @@
 """``python -m modforge.generate ckpt=<path> prompt="..." [src="..."] [strategy=greedy|beam|sample] ...``
 
 Rebuilds model and tokenizer from the checkpoint alone and prints the
-generated text. Keys (``key=value``, any order):
+generated text. Keys (``key=value``, any order, each once):
 
   ckpt            a checkpoint file or a run directory (required), e.g. outputs/<date>/<time> (its checkpoints/last.ckpt)
   prompt          text to continue (decoder_only), or a forced target prefix (encoder_decoder)
   src             source text (encoder_decoder models)
   strategy        greedy | beam | sample                       (default greedy)
-  max_new         tokens to generate                            (default 200)
+  max_new         tokens to generate, at most 100000           (default 200)
   beam_size, length_penalty                                     (beam; 4, 1.0)
   temperature, top_k, top_p, seed                               (sample; 1.0, 0 = off, 1.0 = off, 0)
   num_samples     independent samples to print                  (sample; 1)
@@ -23,7 +23,7 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from modforge import registry
-from modforge.cli.command import command
+from modforge.cli.command import command, key_values
 from modforge.models.decoding import STRATEGIES, generate
 
 
@@ -45,19 +45,17 @@ class GenerateConfig:
 
 
 RAW_TEXT = ("prompt", "src", "ckpt")
+# the most tokens one command generates. Past its context a model decodes on (the window slides), so the context
+# bounds nothing; but the text comes out only at the end and every step copies all of it so far: a number far
+# beyond this one is a slip (digits too many), not a text anyone waits for
+MAX_NEW = 100_000
 STRATEGY_KEYS = {"beam_size": ("beam",), "length_penalty": ("beam",), "temperature": ("sample",),
                  "top_k": ("sample",), "top_p": ("sample",), "seed": ("sample",), "num_samples": ("sample",)}
 
 
 def parse(argv: list) -> GenerateConfig:
     allowed = list(GenerateConfig.__dataclass_fields__)
-    for a in argv:
-        key = a.split("=", 1)[0].lstrip("+")
-        if "=" not in a or key not in allowed:
-            raise registry.ConfigError(
-                f"{a!r}: expected key=value with key one of {', '.join(allowed)}.{registry.suggest(key, allowed)}"
-            )
-    given = dict(a.lstrip("+").split("=", 1) for a in argv)
+    given = key_values(argv, allowed, f"key=value with key one of {', '.join(allowed)}")
     text = {k: given.pop(k) for k in RAW_TEXT if k in given}  # verbatim: '${...}' in a prompt is text, not a reference
     try:
         # OmegaConf converts and type-checks the other values
@@ -76,7 +74,8 @@ def parse(argv: list) -> GenerateConfig:
     import math
 
     for key, ok, allowed in (
-        ("max_new", cfg.max_new >= 1, "an integer >= 1"),
+        ("max_new", 1 <= cfg.max_new <= MAX_NEW, f"an integer in [1, {MAX_NEW}] (the text is printed only when "
+                                                   "generation ends)"),
         ("beam_size", cfg.beam_size >= 1, "an integer >= 1 (1 is greedy)"),
         ("seed", 0 <= cfg.seed and cfg.seed + cfg.num_samples <= 2 ** 32, "in [0, 2^32 - num_samples]"),
         ("temperature", 0 < cfg.temperature < math.inf, "a number > 0 (lower is sharper; use strategy=greedy for argmax)"),
@@ -121,10 +120,14 @@ def check_vocabulary(tokenizer, text: str, key: str) -> None:
 
 
 def run(cfg: GenerateConfig) -> list[str]:
-    from modforge.checkpoints.files import find_checkpoint, load_checkpoint
+    from modforge.checkpoints.files import find_checkpoint, load_checkpoint, non_finite_weight
 
     path = find_checkpoint("ckpt", cfg.ckpt)
     task = load_checkpoint(str(path), map_location=cfg.device).to(cfg.device)  # a mismatch: one line
+    bad = non_finite_weight(task)
+    if bad:  # every logit would be NaN: argmax picks token 0, sampling fails; nothing it printed would mean a thing
+        raise registry.ConfigError(f"ckpt={path}: its weight {bad} holds non-finite values (NaN or inf); "
+                                   "generate from a checkpoint whose weights are finite")
     check_vocabulary(task.tokenizer, cfg.prompt, "prompt")
     if cfg.src:
         check_vocabulary(task.tokenizer, cfg.src, "src")

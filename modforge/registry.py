@@ -356,11 +356,40 @@ def make_config(kind: str, cfg: Any) -> tuple[Entry, Any]:
                 f"{kind}.{key}: unknown key for {kind} '{name}'.{suggest(key, allowed)} "
                 f"Allowed keys: {', '.join(allowed) or 'none'}."
             )
+    wrong = _not_a_number(entry, params)
+    if wrong:
+        raise ConfigError(f"{kind} '{name}': {kind}.{wrong}")
     try:
         inst = entry.config(**params)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{kind} '{name}': {e}") from None
     return entry, inst
+
+
+_NUMBERS = {int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def _not_a_number(entry: Entry, params: dict) -> Optional[str]:
+    """``key=value: must be ...`` for the first value given to a number or switch field (int, float, bool) that
+    is not one; None when each fits. A checkpoint's config is read without Hydra's typing: a string there would
+    reach the config's own checks, which compare numbers."""
+    import numbers
+
+    try:
+        hints = typing.get_type_hints(entry.config)
+    except Exception:  # noqa: BLE001 - a plugin's annotation that does not resolve: its own checks decide
+        return None
+    fits = {int: lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
+            float: lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+            bool: lambda v: isinstance(v, numbers.Integral)}
+    for key, value in params.items():
+        hint = hints.get(key)
+        types = [t for t in (typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,))
+                 if t is not type(None)]
+        if value is None or not types or not all(t in _NUMBERS for t in types) or any(fits[t](value) for t in types):
+            continue
+        return f"{key}={value!r}: must be {' or '.join(_NUMBERS[t] for t in types)}"
+    return None
 
 
 def as_dict(cfg: Any) -> dict:

@@ -170,6 +170,8 @@ TRAIN = [
     (["resume={run}", "model.d_model=64"], "a resumed run keeps its model"),
     (["resume={run}", "norm=rms"], "the run being resumed has norm=layer"),
     (["resume={run}", "trainer.max_steps=2"], "that run has finished (step 2 of trainer.max_steps=2)"),
+    (["resume={rng}", "trainer.max_steps=3"], "its rng_states cannot be restored: TypeError"),
+    (["resume={data_rng}", "trainer.max_steps=3"], "its task_data_rng cannot be restored: TypeError"),
     (["trainer.devices=0"], "trainer.devices=0"),
     (["trainer.precision=17"], "trainer.precision=17"),
     (["trainer.strategy=foo"], "trainer.strategy=foo"),
@@ -224,6 +226,11 @@ GENERATE = [
     (["ckpt={run}", "prompt=漢字 and €"], "vocabulary does not have: '€' '字' '漢'"),
     (["ckpt={run}", "device=foo"], "device=foo: not a device name"),
     (["ckpt={run}", "prompt=${{oc.env:HOME}} ☃"], "'☃'"),  # the prompt is text, never an interpolation
+    (["ckpt={run}", "max_new=2", "max_new=3"], "max_new= given twice (max_new=2, then max_new=3): give it once"),
+    (["ckpt={nan}", "prompt=a"], "its weight model.tok.weight holds non-finite values (NaN or inf)"),
+    (["ckpt={nan}", "prompt=a", "strategy=beam"], "its weight model.tok.weight holds non-finite values"),
+    (["ckpt={nan}", "prompt=a", "strategy=sample"], "its weight model.tok.weight holds non-finite values"),
+    (["ckpt={abc}", "prompt=a"], "model.d_model='abc': must be a whole number"),
 ]
 
 REPORT = [
@@ -239,6 +246,14 @@ REPORT = [
     (["{sweep}", "metrc=x"], "unknown argument 'metrc=x'"),
     (["{sweep}", "best=low"], "best=low"),
 ]
+
+
+DAMAGED = {
+    "nan": lambda c: [v.fill_(float("nan")) for v in c["state_dict"].values() if v.is_floating_point()],
+    "abc": lambda c: c["hyper_parameters"]["run_cfg"]["model"].update(d_model="abc"),
+    "rng": lambda c: c.update(rng_states={**c["rng_states"], "torch": "x"}),
+    "data_rng": lambda c: c.update(task_data_rng="x"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +275,11 @@ def files(tmp_path_factory):
     names = {"run": run_dir, "crafted": d / "crafted.ckpt", "garbage": d / "garbage.ckpt", "foreign": d / "foreign.ckpt",
              "latin": d / "latin.txt", "binary": d / "binary.txt", "latin_csv": d / "latin.csv", "file": d / "file",
              "sweep": d / "sweep"}
+    for name, damage in DAMAGED.items():  # the run's checkpoint, one part of it damaged
+        ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+        damage(ckpt)
+        torch.save(ckpt, d / f"{name}.ckpt")
+        names[name] = d / f"{name}.ckpt"
     return {k: str(v) for k, v in names.items()}, d
 
 
@@ -305,6 +325,16 @@ def test_report_refuses(argv, msg, files, capsys):
     names, _ = files
     err = run_bad(main, [a.format(**names) for a in argv], capsys)
     assert msg in err, err
+
+
+def test_generate_bounds_max_new_before_loading_anything():
+    """max_new=99999999999999999999 generated for ever (printing nothing until the end): refused in one line with
+    the range, before the checkpoint is looked at (a regression fails here instead of hanging a table row)."""
+    from modforge.generate import parse
+
+    with pytest.raises(ConfigError, match=r"^max_new=99999999999999999999: must be an integer in \[1, 100000\]"):
+        parse(["ckpt=/nonexistent.ckpt", "max_new=99999999999999999999"])
+    assert parse(["ckpt=/nonexistent.ckpt", "max_new=100000"]).max_new == 100000
 
 
 def test_the_table_is_long_enough():

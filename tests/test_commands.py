@@ -85,3 +85,22 @@ def test_a_resumed_run_is_validated_once(tmp_path, monkeypatch):
     from modforge.utils.files import read_json
 
     assert read_json(tmp_path / "run" / "metrics.json")["steps"] == 4
+
+
+@pytest.mark.parametrize("module,argv", [
+    ("export", ["ckpt=run", "out=e1", "out=e2"]),
+    ("convert", ["hf=gpt2", "out=a.ckpt", "+out=b.ckpt"]),
+    ("generate", ["ckpt=run", "prompt=a", "ckpt=other"]),
+])
+def test_a_key_given_twice_is_refused_by_every_key_value_command(module, argv, tmp_path, capsys, monkeypatch):
+    """export, convert and generate read their key=value options with one parser: a key given twice is one line
+    naming it (the last one no longer wins without a word), before any file is read."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"modforge.{module}").main(argv)
+    err = capsys.readouterr().err
+    key = argv[-1].lstrip("+").split("=")[0]
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {key}= given twice ({key}=") and "give it once" in err, err

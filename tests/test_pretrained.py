@@ -348,3 +348,35 @@ def test_convert_refuses_damaged_directories_in_one_line_and_never_writes_over_i
     (d / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModel": "modeling_x.X"}}))
     convert_main([f"hf={d}", f"out={tmp_path / 'ok.ckpt'}"])
     assert "note: config.json names custom code (auto_map: AutoModel); it is never run" in capsys.readouterr().out
+
+
+def test_convert_refuses_a_vocab_size_that_is_no_number_and_weights_that_are_not_finite(hf_dirs, tmp_path, capsys):
+    """config.json's vocab_size 'abc', a model.safetensors of NaN, weights beyond float16's range converted with
+    dtype=float16: each one line naming it, and no checkpoint written."""
+    from safetensors.torch import load_file, save_file
+
+    from modforge.convert import main as convert_main
+
+    src = hf_dirs["gpt2"][0]
+    d = tmp_path / "gpt2"
+    shutil.copytree(src, d)
+    cfg = json.loads((src / "config.json").read_text())
+
+    def refused(match, *extra):
+        with pytest.raises(SystemExit) as e:
+            convert_main([f"hf={d}", f"out={tmp_path / 'o.ckpt'}", *extra])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and match in err, err
+        assert not (tmp_path / "o.ckpt").exists()
+
+    (d / "config.json").write_text(json.dumps({**cfg, "vocab_size": "abc"}))
+    refused(f"hf={d / 'config.json'}: vocab_size='abc': must be a whole number")
+    (d / "config.json").write_text(json.dumps(cfg))
+    state = load_file(str(src / "model.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) for k, v in state.items()}, str(d / "model.safetensors"),
+              metadata={"format": "pt"})
+    refused("holds non-finite values (NaN or inf) as float32; nothing written")
+    name = next(k for k, v in state.items() if k.endswith("mlp.c_fc.weight"))
+    save_file({**state, name: state[name] * 1e6}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    convert_main([f"hf={d}", f"out={tmp_path / 'f32.ckpt'}"])  # finite in float32
+    refused("(modforge's name) holds non-finite values (NaN or inf) as float16", "dtype=float16")

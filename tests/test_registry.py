@@ -133,3 +133,14 @@ def test_every_entry_point_has_help(verb, capsys):
     out = capsys.readouterr().out
     command = "python -m modforge list" if verb == "list" else f"python -m modforge.{verb}"
     assert out.strip() == mod.__doc__.strip() and command in out
+
+
+def test_a_number_field_given_no_number_is_refused_naming_the_key_before_the_configs_own_checks():
+    """A checkpoint's config reaches make_config without Hydra's typing: 'abc' for model.d_model is one line
+    naming it (not Python's "'<' not supported between 'str' and 'int'"); ints for floats and None for optional
+    fields stay accepted."""
+    with pytest.raises(ConfigError, match=r"^model 'decoder_only': model.d_model='abc': must be a whole number$"):
+        registry.make_config("model", {"name": "decoder_only", "d_model": "abc"})
+    with pytest.raises(ConfigError, match=r"model.dropout='x': must be a number$"):
+        registry.make_config("model", {"name": "decoder_only", "dropout": "x"})
+    assert registry.make_config("model", {"name": "decoder_only", "dropout": 0, "d_ff": None})[1].dropout == 0

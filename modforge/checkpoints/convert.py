@@ -17,8 +17,12 @@ def pretrained_tokenizer(path: Path, c: dict, tok_dir: Path):
         raise registry.ConfigError(
             f"tokenizer={path}: no tokenizer.json. Write one next to the model with transformers' "
             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir), or give tokenizer=<path of a tokenizer.json>")
+    rows = c.get("vocab_size")
+    if isinstance(rows, bool) or not isinstance(rows, int):  # too few rows for the tokenizer: refused below
+        raise registry.ConfigError(f"hf={tok_dir / 'config.json'}: vocab_size={rows!r}: must be a whole number "
+                                   "(the model's embedding rows)")
     tok = PretrainedTokenizer()
-    tok.rows = int(c["vocab_size"])
+    tok.rows = rows
     ids, names = specials_of(c, tok_dir)
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -48,7 +52,7 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     from modforge.plugins import load_all
     from modforge.config import compose, to_plain
     from modforge.data.base import DataFacts
-    from modforge.checkpoints.files import tied_names
+    from modforge.checkpoints.files import non_finite_weight, tied_names
     from modforge.utils.files import atomic_file
     from modforge.checkpoints.families import family_of, read_hf_dir, read_hf_weights
     from modforge.checkpoints.families.base import weight_files
@@ -119,6 +123,10 @@ def convert(hf: Any, out: Any, tokenizer: Optional[Any] = None, dtype: str = "fl
     task.model.load_state_dict(state)  # copies, cast to the model's precision
     del state
     task.model.to(target)  # also recomputes the position tables from float64 at this precision
+    bad = non_finite_weight(task.model)
+    if bad:  # NaN in the file, or values beyond the range of dtype=: a model that computes nothing
+        raise registry.ConfigError(f"hf={hf}: the weight {bad} (modforge's name) holds non-finite values (NaN or "
+                                   f"inf) as {str(target).replace('torch.', '')}; nothing written")
     summary = {"hf": str(d), "model_type": family.model_type, "architectures": c.get("architectures"),
                "overrides": overrides, "left_out": left_out,
                "params": sum(p.numel() for p in task.model.parameters()), "dtype": dtype, "notes": notes}

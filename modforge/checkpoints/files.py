@@ -94,8 +94,11 @@ def _rebuild(path: str, map_location: str, key: str):
 
 def check_training_state(ckpt: dict, source: str) -> None:
     """What Lightning restores to continue a run, present and of its type: the optimizer's and the schedules'
-    states and the version that wrote them. A checkpoint without them holds weights only: ``init_from=``."""
+    states and the version that wrote them; and the random states the run continues from, restorable. A
+    checkpoint without them holds weights only: ``init_from=``."""
     from packaging.version import InvalidVersion, Version
+
+    from modforge.utils.seeds import restore_fault
 
     why = None
     opt, sched, version = ckpt.get("optimizer_states"), ckpt.get("lr_schedulers"), ckpt.get("pytorch-lightning_version")
@@ -111,9 +114,20 @@ def check_training_state(ckpt: dict, source: str) -> None:
             Version(version)
         except InvalidVersion:
             why = f"a Lightning version that is none ({version[:40]!r})"
+        else:
+            why = restore_fault(ckpt)
     if why:
         raise ConfigError(f"{source}: not a complete training checkpoint ({why}); to start a new run from its "
                           "weights use init_from= instead")
+
+
+def non_finite_weight(module: Any) -> Optional[str]:
+    """The name of the first parameter of ``module`` that holds a NaN or an infinity, or None when every one is
+    finite (buffers are not weights: a mask may hold -inf)."""
+    import torch
+
+    return next((name for name, p in module.named_parameters()
+                 if p.is_floating_point() and not bool(torch.isfinite(p).all())), None)
 
 
 def shapes_of(state: dict) -> dict:

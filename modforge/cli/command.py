@@ -3,7 +3,7 @@
 import contextlib
 import signal
 import sys
-from typing import Callable, Iterator, NoReturn, Optional
+from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
 from modforge.registry import ModforgeError
 
@@ -27,6 +27,24 @@ def one_line_errors() -> Iterator[None]:
         if e.filename is None:
             raise
         fail(f"{e.filename}: {e.strerror or e}")
+
+
+def key_values(argv: list, allowed: Sequence[str], expected: str) -> dict:
+    """A command's ``key=value`` arguments as {key: value}. An argument without ``=`` or with a key not in
+    ``allowed`` is one ConfigError (``expected`` says what is; the nearest key suggested), and so is a key given
+    twice: which one was meant cannot be told, and the last one winning without a word hides the slip."""
+    from modforge.registry import ConfigError, suggest
+
+    given: dict = {}
+    for a in argv:
+        key, eq, value = a.partition("=")
+        key = key.lstrip("+")
+        if not eq or key not in allowed:
+            raise ConfigError(f"{a!r}: expected {expected}.{suggest(key, list(allowed))}")
+        if key in given:
+            raise ConfigError(f"{key}= given twice ({key}={given[key]}, then {a}): give it once")
+        given[key] = value
+    return given
 
 
 def wants_help(argv: list) -> bool:

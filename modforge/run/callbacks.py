@@ -10,41 +10,18 @@ checkpoints are written (what a run shows and logs is :mod:`modforge.run.monitor
 """
 import math
 import os
-import random
 import signal
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from modforge.utils.files import atomic_file, remove_stale_temporaries
-
-
-# --------------------------------------------------------------------------- RNG states
-
-def rng_states() -> dict:
-    """Every global random state a training step may draw from, as types a ``weights_only`` load accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
-              "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+from modforge.utils.seeds import rng_states, set_rng_states
 
 
 class RunRecord(L.Callback):
@@ -335,7 +312,7 @@ FAULT_ENV = "MODFORGE_FAULT"
 def injected_fault(action: str, where: str, n: int) -> bool:
     """Whether ``$MODFORGE_FAULT`` asks for ``action`` ("kill", "raise") at ``where`` ("step", "save") number n.
 
-    The variable holds comma-separated faults ``ACTION@WHERE=N`` (ACTION: kill, raise, preempt) with an optional ``@job=J`` (only in job
+    The variable holds comma-separated faults ``ACTION@WHERE=N`` (ACTION: kill, raise, preempt, hold) with an optional ``@job=J`` (only in job
     #J of a sweep), e.g. ``kill@step=7@job=1``: how the tests kill a run at a chosen step, or while it
     writes a checkpoint, or make one job of a sweep fail. Unset, nothing happens.
     """
@@ -366,9 +343,13 @@ def _job_num() -> Optional[int]:
     return HydraConfig.get().job.get("num") if HydraConfig.initialized() else None
 
 
+HOLD_SECONDS = 300  # hold@step=N: how long the run waits there at most (until signalled)
+
+
 class FaultInjector(L.Callback):
     """Acts on ``$MODFORGE_FAULT``'s ``kill@step=N`` (SIGKILL, as the OOM killer would), ``raise@step=N``
-    (an exception) and ``preempt@step=N`` (SIGUSR2, once per run directory: a cluster's preemption, which
+    (an exception), ``hold@step=N`` (waits there until the process is signalled: a test that stops a run is
+    then sure it is still running) and ``preempt@step=N`` (SIGUSR2, once per run directory: a cluster's preemption, which
     submitit answers by requeueing the job) after training step N. Added to the Trainer only when the
     variable is set."""
 
@@ -378,6 +359,10 @@ class FaultInjector(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
         if injected_fault("raise", "step", step):
             raise RuntimeError(f"fault injected at step {step} ({FAULT_ENV})")
+        if injected_fault("hold", "step", step):  # a run that is still training when it is signalled, for sure
+            deadline = time.monotonic() + HOLD_SECONDS
+            while time.monotonic() < deadline and not getattr(trainer, "received_sigterm", False):
+                time.sleep(0.05)
         once = Path(trainer.default_root_dir) / f".preempted-at-{step}"
         if injected_fault("preempt", "step", step) and trainer.is_global_zero and not once.exists():
             once.touch()  # once: the requeued run passes this step again; rank 0 only: the others must be told
