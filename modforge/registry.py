@@ -24,11 +24,11 @@ config (a dataclass with defaults)::
 
         def __init__(self, cfg: Config, d_model: int): ...
 
-Registering a component of a top-level kind also stores its config in Hydra's
-ConfigStore as option ``<name>`` of the config group ``<kind>`` (the fairseq
-pattern), so ``norm=scale`` works on the command line with no YAML file. Model
-code never compares variant names: it calls :func:`build` with the composed
-config node and the registry decides.
+Registering a component of a top-level kind also tells every watcher (:func:`watch`): the config layer's
+mirror (:mod:`modforge.config.store`) stores its config in Hydra's ConfigStore as option ``<name>`` of the
+config group ``<kind>`` (the fairseq pattern), so ``norm=scale`` works on the command line with no YAML
+file. This module imports neither Hydra nor OmegaConf. Model code never compares variant names: it calls
+:func:`build` with the composed config node and the registry decides.
 
 Loading the built-ins and the plugins is not done here but one floor up, in
 :mod:`modforge.plugins`, which knows the whole house.
@@ -40,8 +40,9 @@ import dataclasses
 import difflib
 import sys
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from modforge.errors import (AmbiguousComponentError, ConfigError, DuplicateComponentError,  # noqa: F401
                              ModforgeError, UnknownComponentError)
@@ -197,7 +198,7 @@ def declare(name: str, doc: str, *, base: Optional[type] = None, default: Option
                             "when a config names none")
     _REGISTRIES[name] = Registry(kind)
     if kind.top_level and kind.default:
-        _store_defaults_in_hydra()
+        _tell("defaults", defaults_list())
     return kind
 
 
@@ -265,64 +266,37 @@ def register(kind: str, name: str, *, config: Optional[type] = None, defaults: O
         in_plugin = bool(_provider_stack) and prov != BUILTIN
         reg.add(entry, allow_ambiguous=in_plugin)
         if len(reg._entries[name]) == 1 and reg.decl.top_level:
-            _store_in_hydra(entry)
+            _tell("entry", entry)
         return cls
 
     return deco
 
 
-def _store_in_hydra(entry: Entry) -> None:
-    try:
-        from hydra.core.config_store import ConfigStore
-    except ImportError:  # hydra is a dependency; tolerate its absence for plain library use
+_WATCHERS: list = []  # told of every change of the top-level options (the config layer's Hydra mirror)
+
+
+def watch(watcher: Any) -> None:
+    """Tell ``watcher`` of every change from now on, after what is registered already: ``entry(e)`` when an
+    option of a top-level kind is registered (or becomes the one its name means), ``dropped(kind, name)``,
+    ``kind_dropped(kind)``, and ``defaults(list)`` when the top-level kinds' defaults change."""
+    if watcher in _WATCHERS:
         return
-    ConfigStore.instance().store(group=entry.kind, name=entry.name, node=hydra_node(entry), provider=entry.provider)
+    _WATCHERS.append(watcher)
+    for reg in _REGISTRIES.values():
+        if reg.decl.top_level:
+            for entries in reg._entries.values():
+                watcher.entry(entries[0])
+    watcher.defaults(defaults_list())
 
 
-DEFAULTS_NODE = "component_defaults"
+def _tell(event: str, *args: Any) -> None:
+    for w in _WATCHERS:
+        getattr(w, event)(*args)
 
 
 def defaults_list() -> list:
-    """The defaults of every top-level kind that declares one, as a Hydra defaults list (declaration order)."""
+    """The defaults of every top-level kind that declares one, as ``[{kind: option}]`` (declaration order)."""
     return [{k: r.decl.default} for k, r in _REGISTRIES.items() if r.decl.top_level and r.decl.default]
-
-
-def _store_defaults_in_hydra() -> None:
-    """Store the config ``component_defaults``: only a defaults list, which ``conf/train.yaml`` includes.
-
-    So the primary config's component defaults come from the declarations,
-    stated once; ``norm=rms`` on the command line and ``override /norm: rms``
-    in an experiment override them as they would a default in train.yaml.
-    """
-    try:
-        from hydra.core.config_store import ConfigStore
-    except ImportError:
-        return
-    ConfigStore.instance().store(name=DEFAULTS_NODE, node={"defaults": defaults_list()}, provider="modforge")
-
-
-def option_defaults(selects: dict) -> list:
-    """The Hydra defaults list of an option that selects other groups' options (a model its task, a task its
-    data): each at the top level of the config, then the option's own values."""
-    return [{f"/{g}@_global_.{g}": v} for g, v in selects.items()] + ["_self_"]
-
-
-def hydra_node(entry: Entry) -> type:
-    """The dataclass Hydra composes for ``<kind>=<name>``: ``name`` first, then the config's fields."""
-    fields: list[tuple] = [("name", str, field(default=entry.name))]
-    if entry.defaults:
-        dl = option_defaults(entry.defaults)
-        fields.append(("defaults", List[Any], field(default_factory=lambda dl=dl: list(dl))))
-    hints = typing.get_type_hints(entry.config)  # real types even under `from __future__ import annotations`
-    for f in dataclasses.fields(entry.config):
-        kw = {}
-        if f.default is not dataclasses.MISSING:
-            kw["default"] = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            kw["default_factory"] = f.default_factory  # type: ignore[misc]
-        fields.append((f.name, hints.get(f.name, Any), field(**kw)))
-    node = dataclasses.make_dataclass(f"{entry.kind}_{entry.name}", fields)
-    return node
 
 
 def get(kind: str, name: str) -> Entry:
@@ -398,16 +372,18 @@ def as_dict(cfg: Any) -> dict:
 
 
 def _to_dict(cfg: Any) -> dict:
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:
-        pass
+    if isinstance(cfg, Mapping):  # a dict, or a composed config node (OmegaConf's DictConfig is a Mapping)
+        return {k: _plain(cfg[k]) for k in cfg}
     raise ConfigError(f"expected a component name or a mapping, got {type(cfg).__name__}: {cfg!r}")
+
+
+def _plain(v: Any) -> Any:
+    """Nested mappings and sequences as dicts and lists (a config node's values read, so resolved)."""
+    if isinstance(v, Mapping):
+        return {k: _plain(v[k]) for k in v}
+    if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
+        return [_plain(x) for x in v]
+    return v
 
 
 def build(kind: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
@@ -444,10 +420,10 @@ def forget_provider(label: str) -> None:
             if kept:
                 reg._entries[name] = kept
                 if reg.decl.top_level:
-                    _store_in_hydra(kept[0])
+                    _tell("entry", kept[0])
             else:
                 del reg._entries[name]
-                _drop_from_hydra(reg.kind, name)
+                _tell("dropped", reg.kind, name)
     _CONFIG_DIRS[:] = [(p, d) for p, d in _CONFIG_DIRS if p != label]
     dropped = [k for k, reg in _REGISTRIES.items() if reg.decl.provider == label]
     for k in dropped:
@@ -457,20 +433,8 @@ def forget_provider(label: str) -> None:
 def forget_kind(name: str) -> None:
     """Remove a declared kind, its components and its config group (a failed plugin's, a test's)."""
     del _REGISTRIES[name]
-    try:
-        from hydra.core.config_store import ConfigStore
-    except ImportError:
-        return
-    ConfigStore.instance().repo.pop(name, None)
-    _store_defaults_in_hydra()
-
-
-def _drop_from_hydra(kind: str, name: str) -> None:
-    try:
-        from hydra.core.config_store import ConfigStore
-    except ImportError:
-        return
-    ConfigStore.instance().repo.get(kind, {}).pop(f"{name}.yaml", None)
+    _tell("kind_dropped", name)
+    _tell("defaults", defaults_list())
 
 
 def failed_plugins() -> dict[str, str]:

@@ -40,7 +40,7 @@ ROOMS = [
                               "every format (one line per failure), console output, device decisions"),
     (0, "errors.py", "the error classes every layer raises"),
 ]
-NO_LIGHTNING_OR_HYDRA = ("modforge.errors", "modforge.utils", "modforge.results",
+NO_LIGHTNING_OR_HYDRA = ("modforge.errors", "modforge.registry", "modforge.utils", "modforge.results",
                          "modforge.components", "modforge.models", "modforge.sweeps.slots")
 
 

@@ -124,6 +124,8 @@ def install(data: dict) -> None:
     groups it selects), the component defaults, the Trainer schema and the plugins' config directories."""
     from hydra.core.config_store import ConfigStore
 
+    from modforge.config import store
+
     cs = ConfigStore.instance()
     defaults = []
     for kind, k in data["kinds"].items():
@@ -134,10 +136,10 @@ def install(data: dict) -> None:
         for e in k["entries"]:
             node: dict = {"name": e["name"]}
             if e["defaults"]:
-                node["defaults"] = registry.option_defaults(e["defaults"])
+                node["defaults"] = store.option_defaults(e["defaults"])
             node.update(e["params"])
             cs.store(group=kind, name=e["name"], node=node, provider=e["provider"])
-    cs.store(name=registry.DEFAULTS_NODE, node={"defaults": defaults}, provider="modforge")
+    cs.store(name=store.DEFAULTS_NODE, node={"defaults": defaults}, provider="modforge")
     cs.store(group="trainer", name="lightning", node=dict(data["trainer"]), provider="modforge")
     for label, path in data["config_dirs"]:
         registry.record_config_dir(label, path)

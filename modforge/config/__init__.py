@@ -9,8 +9,11 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from modforge.config import store
 from modforge.config.checks import check_overrides
 from modforge.config.composition import compose_job, load, to_plain  # noqa: F401 - to_plain: public
+
+store.install()  # Hydra's ConfigStore mirrors the registry from here on (the registry knows no Hydra)
 
 
 def compose(overrides: Optional[list] = None) -> DictConfig:
