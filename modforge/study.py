@@ -31,10 +31,12 @@ from modforge.cli.command import command
 from modforge.errors import ConfigError
 
 OPTIONS = ("experiment", "dir", "jobs", "dry_run", "force", "draws")
+MAX_NUMBER = 1_000_000  # draws= at most; read before jobs= meets the cores, and before Python reads a huge int
 
 
 def parse(argv: list) -> tuple[dict, list]:
     opts = {"experiment": None, "dir": None, "jobs": None, "dry_run": "false", "force": "false", "draws": "1000"}
+    given: set = set()
     overrides = []
     for a in argv:
         key, eq, value = a.partition("=")
@@ -44,6 +46,9 @@ def parse(argv: list) -> tuple[dict, list]:
         if not eq:
             raise ConfigError(f"{a}: arguments are key=value (python -m modforge.study --help)")
         if key in OPTIONS:
+            if key in given:
+                raise ConfigError(f"{key}= given twice ({key}={opts[key]}, then {a}): give it once")
+            given.add(key)
             opts[key] = value
         else:
             overrides.append(a)
@@ -53,11 +58,13 @@ def parse(argv: list) -> tuple[dict, list]:
         if opts[key] not in ("true", "false"):
             raise ConfigError(f"{key}={opts[key]}: true or false")
         opts[key] = opts[key] == "true"
-    for key in ("jobs", "draws"):
-        if opts[key] is not None:
-            if not (opts[key].isascii() and opts[key].isdigit()) or int(opts[key]) < (1 if key == "jobs" else 0):
-                raise ConfigError(f"{key}={opts[key]}: a whole number{' >= 1' if key == 'jobs' else ''}")
-            opts[key] = int(opts[key])
+    for key, lo in (("jobs", 1), ("draws", 0)):
+        v = opts[key]
+        if v is not None:  # (a bound on the digits first: Python refuses to read an int of over 4300)
+            if not (v.isascii() and v.isdigit()) or len(v) > 7 or not lo <= int(v) <= MAX_NUMBER:
+                raise ConfigError(f"{key}={v[:40]}: a whole number from {lo} to {MAX_NUMBER:,}"
+                                  + (" (and at most the cores here)" if key == "jobs" else ""))
+            opts[key] = int(v)
     return opts, overrides
 
 

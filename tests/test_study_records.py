@@ -157,3 +157,16 @@ def test_more_jobs_than_cores_is_refused_in_one_line(tmp_path, capsys, monkeypat
     assert one_line(lambda: design_of("x", [], {**BLOCK, "jobs": cores + 1})).startswith(f"study.jobs={cores + 1}: ")
     assert design_of("x", [], {**BLOCK, "jobs": cores}).jobs == cores
     assert "jobs=²: a whole number >= 1" in refused(capsys, tmp_path, monkeypatch, "experiment=study_toy", "jobs=²")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["jobs=1", "jobs=2"], "jobs= given twice (jobs=1, then jobs=2): give it once"),
+    (["draws=" + "9" * 5000], "draws=9999999999999999999999999999999999999999: a whole number from 0 to 1,000,000"),
+    (["draws=1000001"], "draws=1000001: a whole number from 0 to 1,000,000"),
+])
+def test_study_options_given_twice_or_out_of_range_are_one_line(argv, says):
+    from modforge.study import parse
+
+    with pytest.raises(ConfigError) as e:
+        parse(["experiment=study_toy", *argv])
+    assert str(e.value) == says
