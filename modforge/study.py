@@ -31,7 +31,7 @@ from modforge.cli.command import command
 from modforge.errors import ConfigError
 
 OPTIONS = ("experiment", "dir", "jobs", "dry_run", "force", "draws")
-MAX_NUMBER = 1_000_000  # draws= at most; read before jobs= meets the cores, and before Python reads a huge int
+MAX_DRAWS = 1_000_000  # bootstrap draws at most
 
 
 def parse(argv: list) -> tuple[dict, list]:
@@ -58,13 +58,20 @@ def parse(argv: list) -> tuple[dict, list]:
         if opts[key] not in ("true", "false"):
             raise ConfigError(f"{key}={opts[key]}: true or false")
         opts[key] = opts[key] == "true"
-    for key, lo in (("jobs", 1), ("draws", 0)):
+    for key in ("jobs", "draws"):
         v = opts[key]
-        if v is not None:  # (a bound on the digits first: Python refuses to read an int of over 4300)
-            if not (v.isascii() and v.isdigit()) or len(v) > 7 or not lo <= int(v) <= MAX_NUMBER:
-                raise ConfigError(f"{key}={v[:40]}: a whole number from {lo} to {MAX_NUMBER:,}"
-                                  + (" (and at most the cores here)" if key == "jobs" else ""))
-            opts[key] = int(v)
+        if v is None:
+            continue
+        if not (v.isascii() and v.isdigit()) or (len(v) <= 7 and int(v) < (1 if key == "jobs" else 0)):
+            raise ConfigError(f"{key}={v[:40]}: a whole number{' >= 1' if key == 'jobs' else ''}")
+        if len(v) > 7:  # (before Python is asked to read it: an int of over 4,300 digits is refused with a traceback)
+            if key == "jobs":
+                from modforge.studies.design import check_jobs
+
+                check_jobs("jobs", 10 ** 7, shown=v[:40])
+        if key == "draws" and (len(v) > 7 or int(v) > MAX_DRAWS):
+            raise ConfigError(f"draws={v[:40]}: a whole number from 0 to {MAX_DRAWS:,}")
+        opts[key] = int(v)
     return opts, overrides
 
 

@@ -198,15 +198,15 @@ def check_arms_and_grid(d: Design) -> None:
             seen.add(same)
 
 
-def check_jobs(key: str, jobs: int) -> None:
+def check_jobs(key: str, jobs: int, shown: Optional[str] = None) -> None:
     """Jobs side by side: 1 to this machine's cores. Each job is a process with its share of the cores (at least
     one thread), and the launcher starts as many slots as jobs: more jobs than cores only oversubscribe them."""
     import os
 
     cores = os.cpu_count() or 1
     if not 1 <= jobs <= cores:
-        raise ConfigError(f"{key}={jobs}: a whole number from 1 to {cores}, the cores here (jobs run side by side, "
-                          "each a process with its share of the cores)")
+        raise ConfigError(f"{key}={shown or jobs}: a whole number from 1 to {cores}, the cores here (jobs run side "
+                          "by side, each a process with its share of the cores)")
 
 
 def default_jobs() -> int:
