@@ -14,7 +14,7 @@ from typing import Optional
 from modforge import registry
 from modforge.plugins import load_all
 from modforge.cli.command import command
-from modforge.config.checks import check_preset
+from modforge.config.command_line import check_preset
 from modforge.config.composition import hydra_loader
 from modforge.config.schema import PRESET_GROUPS
 

@@ -249,7 +249,7 @@ def test_a_broken_sweep_record_is_one_line(tmp_path, capsys):
 
 
 def test_a_path_the_override_grammar_cannot_read_gets_the_quoting_hint():
-    from modforge.config.checks import check_overrides
+    from modforge.config.command_line import check_overrides
 
     with pytest.raises(ConfigError, match="quote the value: 'data.path=\"/tmp/körpus.txt\"'"):
         check_overrides(["data=text", "data.path=/tmp/körpus.txt"])

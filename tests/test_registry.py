@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from modforge import registry
-from modforge.config.checks import check_overrides
+from modforge.config.command_line import check_overrides
 from modforge.config import compose
 from modforge.components.norms import Norm
 from modforge.models.blocks import Parts

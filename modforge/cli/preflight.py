@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 from modforge import registry
-from modforge.config.checks import check_output_dir, check_overrides, validate
+from modforge.config.checks import check_output_dir, validate
+from modforge.config.command_line import check_overrides
 from modforge.config.composition import compose_job, hydra_loader
 from modforge.config.grid import job_overrides
 from modforge.config.overrides import HYDRA_VALUE_FLAGS, flag, user_override_keys
