@@ -59,7 +59,7 @@ from math import isfinite, nan
 from pathlib import Path
 from typing import Optional
 
-from modforge.cli.command import command
+from modforge.cli.command import command, given_twice
 from modforge.registry import suggest
 from modforge.results.jobs import STATUSES, ReportError, load_jobs, mark_collapsed, select, study_of
 from modforge.results.formats import to_csv, to_json, to_markdown
@@ -82,6 +82,8 @@ def parse_args(argv: list[str]) -> dict:
         key, eq, value = a.partition("=")
         if not eq or key not in OPTIONS:
             raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
+        if key in given:
+            raise given_twice(key, args[key], a)
         args[key] = value
         given.add(key)
     args["given"] = given

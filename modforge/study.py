@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from modforge.cli.command import command
+from modforge.cli.command import command, given_twice
 from modforge.errors import ConfigError
 
 OPTIONS = ("experiment", "dir", "jobs", "dry_run", "force", "draws")
@@ -47,7 +47,7 @@ def parse(argv: list) -> tuple[dict, list]:
             raise ConfigError(f"{a}: arguments are key=value (python -m modforge.study --help)")
         if key in OPTIONS:
             if key in given:
-                raise ConfigError(f"{key}= given twice ({key}={opts[key]}, then {a}): give it once")
+                raise given_twice(key, opts[key], a)
             given.add(key)
             opts[key] = value
         else:

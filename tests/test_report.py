@@ -225,6 +225,7 @@ def test_without_matplotlib_the_tables_still_print_with_a_hint(sweep, tmp_path):
 @pytest.mark.parametrize("argv,msg", [([], "name the sweep directory"), (["metric=x"], "name the sweep directory"),
                                       (["/nonexistent"], "no such directory"), (["EMPTY"], "no jobs"),
                                       (["{d}", "metrc=x"], "unknown argument 'metrc=x'. Did you mean 'metric'?"),
+                                      (["{d}", "sort=name", "sort=best"], "sort= given twice (sort=name, then sort=best)"),
                                       (["{d}", "best=low"], "best=low: use best=min"),
                                       (["{d}", "baseline=pos=nope"], "baseline=pos=nope: matches 0 configurations"),
                                       (["{d}", "level=95"], "level=95: a confidence level"),

@@ -42,9 +42,16 @@ def key_values(argv: list, allowed: Sequence[str], expected: str) -> dict:
         if not eq or key not in allowed:
             raise ConfigError(f"{a!r}: expected {expected}.{suggest(key, list(allowed))}")
         if key in given:
-            raise ConfigError(f"{key}= given twice ({key}={given[key]}, then {a}): give it once")
+            raise given_twice(key, given[key], a)
         given[key] = value
     return given
+
+
+def given_twice(key: str, first: str, again: str) -> Exception:
+    """The refusal of a command's option given twice (every command says it alike)."""
+    from modforge.registry import ConfigError
+
+    return ConfigError(f"{key}= given twice ({key}={first}, then {again}): give it once")
 
 
 def wants_help(argv: list) -> bool:
