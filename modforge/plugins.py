@@ -28,8 +28,8 @@ def load_builtins() -> None:
     if _builtins_loaded:
         return
     with registry.provider(registry.BUILTIN):
-        # Each kind is declared under its base class, in the module of its variants; the order of these
-        # imports is the order of the kinds (in `modforge.catalog`, config.yaml and metrics.json).
+        # The kinds are declared in registry.KINDS (their order is that table's); these imports register the
+        # built-in options of each.
         from modforge.models import architectures  # noqa: F401  model
         from modforge.tasks import base  # noqa: F401  task
         from modforge.data import tokenizers, base as _  # noqa: F401  tokenizer (nested: data.tokenizer), data

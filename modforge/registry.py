@@ -4,12 +4,11 @@ This is the ground floor: it imports nothing else of modforge but its error clas
 (:mod:`modforge.errors`, which it re-exports), neither torch nor Lightning, and everything above
 registers into it.
 
-A *kind* (``norm``, ``ffn``, ``pos``, ...) is declared once, with :func:`declare`,
-in the module that defines its base class (``components/norms.py`` declares
-``norm`` right under ``class Norm``): its doc, its base class, its default
-option, whether it is a top-level config group (``norm=rms``) or nested
-(selected through another group's key, e.g. ``ffn.activation=silu``), and
-whether models are built from it. Everything else derives from these
+A *kind* (``norm``, ``ffn``, ``pos``, ...) is declared once: modforge's own in the ordered table
+:data:`KINDS` below, a plugin's with :func:`declare` beside its base class. A declaration says the kind's doc,
+its base class (named ``"module:Class"`` in the table, imported when the first option registers), its default
+option, whether it is a top-level config group (``norm=rms``) or nested (selected through another group's key,
+e.g. ``ffn.activation=silu``), and whether models are built from it. Everything else derives from these
 declarations: the config groups and their defaults, the model's parts
 (:func:`part_kinds`), ``python -m modforge list``.
 
@@ -90,7 +89,7 @@ class Kind:
 
     name: str
     doc: str
-    base: Optional[type] = None  # every component must subclass it (None: any callable)
+    base: Any = None  # every component must subclass it: a class, or "module:Class" (None: any callable)
     default: Optional[str] = None  # the option chosen when the config names none (None: chosen by another group)
     nested_in: Optional[str] = None  # e.g. "ffn.activation": selected through that key, not a top-level group
     part: bool = False  # models are built from it (a field of models.blocks.Parts)
@@ -99,6 +98,13 @@ class Kind:
     @property
     def top_level(self) -> bool:
         return self.nested_in is None
+
+    @property
+    def base_name(self) -> Optional[str]:
+        """``module.Class`` of the base class, without importing it."""
+        if isinstance(self.base, str):
+            return self.base.replace(":", ".")
+        return f"{self.base.__module__}.{self.base.__qualname__}" if self.base is not None else None
 
 
 class Registry:
@@ -111,6 +117,13 @@ class Registry:
 
     @property
     def base(self) -> Optional[type]:
+        """The base class (a table's "module:Class" imported when first asked: by the first registration, from
+        the module that defines it, so it is there)."""
+        if isinstance(self.decl.base, str):
+            import importlib
+
+            module, _, name = self.decl.base.partition(":")
+            return getattr(importlib.import_module(module), name)
         return self.decl.base
 
     def names(self) -> list[str]:
@@ -166,6 +179,34 @@ def _qualname(obj: Any) -> str:
 
 
 _REGISTRIES: dict[str, Registry] = {}
+
+# modforge's own kinds, in their order (of the config groups and their defaults, `python -m modforge list`,
+# config.yaml and metrics.json): declared here as data, so that no order of imports decides it; each base class
+# lives with the kind's options and is named, not imported (this floor imports nothing above it)
+KINDS = (
+    Kind("model", "architecture (and, through it, its default task)", "modforge.models.architectures:Model",
+         default="decoder_only"),
+    Kind("task", "training objective (a LightningModule) and its default data (chosen by the model unless given)",
+         "modforge.tasks.base:Task"),
+    Kind("tokenizer", "text <-> token ids", "modforge.data.tokenizers.base:Tokenizer", nested_in="data.tokenizer"),
+    Kind("data", "dataset / datamodule (chosen by the task unless given)", "modforge.data.base:DataModule"),
+    Kind("norm", "normalisation layer (called as norm(x, mask))", "modforge.components.norms:Norm", default="layer",
+         part=True),
+    Kind("residual", "where the norm sits around each sub-layer", "modforge.components.residual:Residual",
+         default="pre", part=True),
+    Kind("ffn", "position-wise feed-forward block", "modforge.components.ffn:FFN", default="gelu", part=True),
+    Kind("activation", "element-wise non-linearity used by FFNs", "modforge.components.activations:Activation",
+         nested_in="ffn.activation"),
+    Kind("pos", "positional scheme (embedding, rotation or attention bias)",
+         "modforge.components.positions:PositionalScheme", default="learned", part=True),
+    Kind("attention", "attention (self and cross) and its decoding cache", "modforge.components.attention:Attention",
+         default="mha", part=True),
+    Kind("optim", "optimizer: a function (cfg, params) -> torch.optim.Optimizer", default="adamw"),
+    Kind("scheduler", "learning-rate schedule: a function (cfg, optimizer, *, d_model, total_steps) -> LR scheduler",
+         default="cosine"),
+    Kind("param", "parametrisation: how init, learning rates and multipliers scale with the model's size",
+         "modforge.models.param:Parametrisation", default="standard"),
+)
 _provider_stack: list[str] = []
 _FAILED: dict[str, str] = {}  # {plugin distribution: error}, filled by modforge.plugins.load_plugins
 _CONFIG_DIRS: list[tuple[str, str]] = []  # (provider, hydra search path), likewise
@@ -443,3 +484,7 @@ def failed_plugins() -> dict[str, str]:
 
 def plugin_config_dirs() -> list[tuple[str, str]]:
     return list(_CONFIG_DIRS)
+
+
+for _kind in KINDS:  # modforge's own kinds, before anything registers (a plugin declares its own: declare())
+    _REGISTRIES[_kind.name] = Registry(_kind)

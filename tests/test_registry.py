@@ -144,3 +144,21 @@ def test_a_number_field_given_no_number_is_refused_naming_the_key_before_the_con
     with pytest.raises(ConfigError, match=r"model.dropout='x': must be a number$"):
         registry.make_config("model", {"name": "decoder_only", "dropout": "x"})
     assert registry.make_config("model", {"name": "decoder_only", "dropout": 0, "d_ff": None})[1].dropout == 0
+
+
+def test_modforges_kinds_are_a_table_whose_order_no_import_decides():
+    """registry.KINDS declares modforge's own kinds as data: they exist, in the table's order, as soon as the
+    registry is imported (before any component module), and each table base names the class its options extend."""
+    import importlib
+
+    from modforge import registry as reg
+    from modforge.plugins import load_all
+
+    names = [k.name for k in reg.KINDS]
+    assert reg.kinds()[: len(names)] == names
+    load_all()
+    for k in reg.KINDS:
+        if k.base is not None:
+            module, _, cls = k.base.partition(":")
+            assert reg.registry(k.name).base is getattr(importlib.import_module(module), cls)
+            assert all(issubclass(e.cls, reg.registry(k.name).base) for e in reg.registry(k.name).entries())

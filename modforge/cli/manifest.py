@@ -80,7 +80,7 @@ def build() -> dict:
                     "ambiguous": len(reg._entries[e.name]) > 1}
                    for e in reg.entries()]
         kinds[kind] = {"doc": k.doc, "default": k.default, "nested_in": k.nested_in, "top_level": k.top_level,
-                       "base": f"{k.base.__module__}.{k.base.__qualname__}" if k.base else None, "entries": entries}
+                       "base": k.base_name, "entries": entries}
     return {"fingerprint": fingerprint(), "kinds": kinds,
             "config_dirs": [(label, _as_file(path)) for label, path in registry.plugin_config_dirs()],
             "failed": registry.failed_plugins(),

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modforge.registry import declare, register
+from modforge.registry import register
 
 
 class Activation(nn.Module):
@@ -21,9 +21,6 @@ class Activation(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
-
-
-declare("activation", "element-wise non-linearity used by FFNs", base=Activation, nested_in="ffn.activation")
 
 
 @register("activation", "relu")

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modforge.components import linear_flops
-from modforge.registry import ConfigError, declare, register
+from modforge.registry import ConfigError, register
 
 
 class Attention(nn.Module):
@@ -69,9 +69,6 @@ class Attention(nn.Module):
 
         It must have ``reorder(index)``, which keeps the batch rows ``index`` (beam search)."""
         raise NotImplementedError(f"{type(self).__name__} has no decoding cache")
-
-
-declare("attention", "attention (self and cross) and its decoding cache", base=Attention, default="mha", part=True)
 
 
 def _query_width(attn: nn.Module) -> int:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from modforge.components import linear_flops
-from modforge.registry import build, declare, register
+from modforge.registry import build, register
 
 
 class FFN(nn.Module):
@@ -36,9 +36,6 @@ class FFN(nn.Module):
     def flops_per_token(self) -> int:
         """Forward FLOPs per position: 2 * in * out for each of its Linear layers (override for other work)."""
         return linear_flops(self)
-
-
-declare("ffn", "position-wise feed-forward block", base=FFN, default="gelu", part=True)
 
 
 @dataclass

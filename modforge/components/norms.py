@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modforge.registry import ConfigError, declare, register
+from modforge.registry import ConfigError, register
 
 
 class Norm(nn.Module):
@@ -29,9 +29,6 @@ class Norm(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError
-
-
-declare("norm", "normalisation layer (called as norm(x, mask))", base=Norm, default="layer", part=True)
 
 
 def check_eps(eps: float) -> None:

@@ -20,13 +20,10 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from modforge.utils.devices import fused_optimizer
-from modforge.registry import ConfigError, declare, register
+from modforge.registry import ConfigError, register
 
 # Optimizers are functions cfg, params -> torch.optim.Optimizer; schedules are functions
 # cfg, optimizer, *, d_model, total_steps -> an LR scheduler stepped once per optimizer step.
-declare("optim", "optimizer: a function (cfg, params) -> torch.optim.Optimizer", default="adamw")
-declare("scheduler", "learning-rate schedule: a function (cfg, optimizer, *, d_model, total_steps) -> LR scheduler",
-        default="cosine")
 
 
 @dataclass

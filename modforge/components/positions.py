@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from modforge.registry import ConfigError, ModforgeError, declare, register, suggest
+from modforge.registry import ConfigError, ModforgeError, register, suggest
 
 
 class LengthNotSupported(ModforgeError):
@@ -87,10 +87,6 @@ class PositionalScheme(nn.Module):
         if self.computed:  # .double(), .to(device): the formula again, in the new dtype, on the new device
             self.build(self.max_len)
         return self
-
-
-declare("pos", "positional scheme (embedding, rotation or attention bias)", base=PositionalScheme,
-        default="learned", part=True)
 
 
 @register("pos", "none")

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from modforge.registry import declare, register
+from modforge.registry import register
 
 
 class Residual(nn.Module):
@@ -35,9 +35,6 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError
-
-
-declare("residual", "where the norm sits around each sub-layer", base=Residual, default="pre", part=True)
 
 
 @register("residual", "post")

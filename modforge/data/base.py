@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader
 
 from modforge.data.loading import ResumableLoader, eval_loader, train_loader
 from modforge.data.tokenizers import Tokenizer, load_tokenizer
-from modforge.registry import declare
 
 
 @dataclass
@@ -141,4 +140,3 @@ def on_cuda(trainer: Any) -> bool:
     return trainer is not None and type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator"
 
 
-declare("data", "dataset / datamodule (chosen by the task unless given)", base=DataModule)

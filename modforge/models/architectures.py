@@ -11,7 +11,7 @@ from torch import nn
 
 from modforge.components.positions import PositionalScheme
 from modforge.models.blocks import Embedder, Parts, Stack, head_dim_kw, init_weights
-from modforge.registry import ConfigError, build, declare, register
+from modforge.registry import ConfigError, build, register
 
 
 @dataclass
@@ -132,9 +132,6 @@ class Model(nn.Module):
 
     def new_cache(self, capacity: Optional[int] = None) -> list:
         raise NotImplementedError(f"{type(self).__name__} does not generate (can_generate is False)")
-
-
-declare("model", "architecture (and, through it, its default task)", base=Model, default="decoder_only")
 
 
 class HeadTransform(nn.Module):

@@ -54,7 +54,7 @@ from torch import nn
 from modforge.components.attention import Attention
 from modforge.components.residual import Residual
 from modforge.models.blocks import Stack
-from modforge.registry import ConfigError, as_dict, build, declare, register
+from modforge.registry import ConfigError, as_dict, build, register
 
 ROLES = {
     "input": "an embedding table (items x width): init and lr unchanged",
@@ -106,10 +106,6 @@ def check_buildable(keys: dict, model_cfg: Any) -> None:
         raise ConfigError(f"one weight of that base shape ({d} x {max(d, ff)} floats) would not "
                           f"fit in this machine's {memory / 2 ** 30:.0f} GiB; the base shape is the small model µP "
                           "transfers from (docs/mup.md)")
-
-
-declare("param", "parametrisation: how init, learning rates and multipliers scale with the model's size",
-        base=Parametrisation, default="standard")
 
 
 def parametrised(model_cfg: Any, parts: Any, vocab_size: int, param: Any = "standard"

@@ -18,7 +18,7 @@ from torchmetrics import Metric
 
 from modforge.models.blocks import Parts
 from modforge.models.flops import FlopCount
-from modforge.registry import ConfigError, build, declare
+from modforge.registry import ConfigError, build
 from modforge.utils.seeds import derive
 
 from modforge.utils.targets import IGNORE  # noqa: F401 - re-exported: the tasks' import of it
@@ -246,10 +246,6 @@ def check_fit(task: Any, model: Any, data: Any) -> None:
         fit = [e.name for e in registry("data").entries() if getattr(e.cls, "provides", "") == t.data_needs]
         raise ConfigError(f"task={task.name} needs data of {t.data_needs}; data={data.name} gives "
                           f"{getattr(data.cls, 'provides', '') or 'something else'}. Data that fit: {', '.join(fit)}.")
-
-
-declare("task", "training objective (a LightningModule) and its default data (chosen by the model unless given)",
-        base=Task)
 
 
 def bits(nats: float) -> float:

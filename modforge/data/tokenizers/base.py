@@ -7,7 +7,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from modforge.registry import build, declare
+from modforge.registry import build
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")
 PAD, UNK, BOS, EOS, MASK = range(len(SPECIALS))
@@ -85,10 +85,6 @@ class Tokenizer:
     def token_dtype(self) -> np.dtype:
         """The smallest unsigned dtype that holds every id (uint16 where the vocabulary fits)."""
         return np.dtype(np.uint16) if self.vocab_size <= 1 << 16 else np.dtype(np.uint32)
-
-
-declare("tokenizer", "text <-> token ids", base=Tokenizer, nested_in="data.tokenizer")
-
 
 
 def load_tokenizer(state: dict) -> Tokenizer:
