@@ -1,37 +1,5 @@
-"""The component registry: the single source of truth for every swappable part.
-
-This is the ground floor: it imports nothing else of modforge but its error classes
-(:mod:`modforge.errors`, which it re-exports), neither torch nor Lightning, and everything above
-registers into it.
-
-A *kind* (``norm``, ``ffn``, ``pos``, ...) is declared once: modforge's own in the ordered table
-:data:`KINDS` below, a plugin's with :func:`declare` beside its base class. A declaration says the kind's doc,
-its base class (named ``"module:Class"`` in the table, imported when the first option registers), its default
-option, whether it is a top-level config group (``norm=rms``) or nested (selected through another group's key,
-e.g. ``ffn.activation=silu``), and whether models are built from it. Everything else derives from these
-declarations: the config groups and their defaults, the model's parts
-(:func:`part_kinds`), ``python -m modforge list``.
-
-A component is a class registered under a short name together with a typed
-config (a dataclass with defaults)::
-
-    @register("norm", "scale")
-    class ScaleNorm(Norm):
-        @dataclass
-        class Config:
-            eps: float = 1e-5
-
-        def __init__(self, cfg: Config, d_model: int): ...
-
-Registering a component of a top-level kind also tells every watcher (:func:`watch`): the config layer's
-mirror (:mod:`modforge.config.store`) stores its config in Hydra's ConfigStore as option ``<name>`` of the
-config group ``<kind>`` (the fairseq pattern), so ``norm=scale`` works on the command line with no YAML
-file. This module imports neither Hydra nor OmegaConf. Model code never compares variant names: it calls
-:func:`build` with the composed config node and the registry decides.
-
-Loading the built-ins and the plugins is not done here but one floor up, in
-:mod:`modforge.plugins`, which knows the whole house.
-"""
+"""Kinds, their options and who provided them: declare, register, look up; watchers told of each change;
+what the plugin loader learns (failures, config directories). The package's docstring says how it fits."""
 from __future__ import annotations
 
 import contextlib
@@ -180,33 +148,6 @@ def _qualname(obj: Any) -> str:
 
 _REGISTRIES: dict[str, Registry] = {}
 
-# modforge's own kinds, in their order (of the config groups and their defaults, `python -m modforge list`,
-# config.yaml and metrics.json): declared here as data, so that no order of imports decides it; each base class
-# lives with the kind's options and is named, not imported (this floor imports nothing above it)
-KINDS = (
-    Kind("model", "architecture (and, through it, its default task)", "modforge.models.architectures:Model",
-         default="decoder_only"),
-    Kind("task", "training objective (a LightningModule) and its default data (chosen by the model unless given)",
-         "modforge.tasks.base:Task"),
-    Kind("tokenizer", "text <-> token ids", "modforge.data.tokenizers.base:Tokenizer", nested_in="data.tokenizer"),
-    Kind("data", "dataset / datamodule (chosen by the task unless given)", "modforge.data.base:DataModule"),
-    Kind("norm", "normalisation layer (called as norm(x, mask))", "modforge.components.norms:Norm", default="layer",
-         part=True),
-    Kind("residual", "where the norm sits around each sub-layer", "modforge.components.residual:Residual",
-         default="pre", part=True),
-    Kind("ffn", "position-wise feed-forward block", "modforge.components.ffn:FFN", default="gelu", part=True),
-    Kind("activation", "element-wise non-linearity used by FFNs", "modforge.components.activations:Activation",
-         nested_in="ffn.activation"),
-    Kind("pos", "positional scheme (embedding, rotation or attention bias)",
-         "modforge.components.positions:PositionalScheme", default="learned", part=True),
-    Kind("attention", "attention (self and cross) and its decoding cache", "modforge.components.attention:Attention",
-         default="mha", part=True),
-    Kind("optim", "optimizer: a function (cfg, params) -> torch.optim.Optimizer", default="adamw"),
-    Kind("scheduler", "learning-rate schedule: a function (cfg, optimizer, *, d_model, total_steps) -> LR scheduler",
-         default="cosine"),
-    Kind("param", "parametrisation: how init, learning rates and multipliers scale with the model's size",
-         "modforge.models.param:Parametrisation", default="standard"),
-)
 _provider_stack: list[str] = []
 _FAILED: dict[str, str] = {}  # {plugin distribution: error}, filled by modforge.plugins.load_plugins
 _CONFIG_DIRS: list[tuple[str, str]] = []  # (provider, hydra search path), likewise
@@ -340,104 +281,6 @@ def defaults_list() -> list:
     return [{k: r.decl.default} for k, r in _REGISTRIES.items() if r.decl.top_level and r.decl.default]
 
 
-def get(kind: str, name: str) -> Entry:
-    return registry(kind).get(name)
-
-
-def make_config(kind: str, cfg: Any) -> tuple[Entry, Any]:
-    """Resolve ``cfg`` (a name, a mapping with ``name``, a DictConfig or a config
-    instance) to its registry entry and a typed config instance."""
-    if isinstance(cfg, str):
-        name, params = cfg, {}
-    elif dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        name = getattr(cfg, "name", None)
-        if name is None:  # a bare Config instance: find its entry by config class
-            matches = [e for e in registry(kind).entries() if isinstance(cfg, e.config)]
-            if len(matches) != 1:
-                raise ConfigError(f"cannot tell which {kind} a {type(cfg).__name__} instance configures")
-            return matches[0], cfg
-        params = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "name"}
-    else:
-        params = _to_dict(cfg)
-        params.pop("defaults", None)
-        name = params.pop("name", None)
-        if name is None:
-            raise ConfigError(f"{kind} config has no 'name' key (got keys {sorted(params)})")
-    entry = get(kind, name)
-    allowed = [f.name for f in dataclasses.fields(entry.config)]
-    for key in params:
-        if key not in allowed:
-            raise ConfigError(
-                f"{kind}.{key}: unknown key for {kind} '{name}'.{suggest(key, allowed)} "
-                f"Allowed keys: {', '.join(allowed) or 'none'}."
-            )
-    wrong = _not_a_number(entry, params)
-    if wrong:
-        raise ConfigError(f"{kind} '{name}': {kind}.{wrong}")
-    try:
-        inst = entry.config(**params)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{kind} '{name}': {e}") from None
-    return entry, inst
-
-
-_NUMBERS = {int: "a whole number", float: "a number", bool: "true or false"}
-
-
-def _not_a_number(entry: Entry, params: dict) -> Optional[str]:
-    """``key=value: must be ...`` for the first value given to a number or switch field (int, float, bool) that
-    is not one; None when each fits. A checkpoint's config is read without Hydra's typing: a string there would
-    reach the config's own checks, which compare numbers."""
-    import numbers
-
-    try:
-        hints = typing.get_type_hints(entry.config)
-    except Exception:  # noqa: BLE001 - a plugin's annotation that does not resolve: its own checks decide
-        return None
-    fits = {int: lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
-            float: lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
-            bool: lambda v: isinstance(v, numbers.Integral)}
-    for key, value in params.items():
-        hint = hints.get(key)
-        types = [t for t in (typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,))
-                 if t is not type(None)]
-        if value is None or not types or not all(t in _NUMBERS for t in types) or any(fits[t](value) for t in types):
-            continue
-        return f"{key}={value!r}: must be {' or '.join(_NUMBERS[t] for t in types)}"
-    return None
-
-
-def as_dict(cfg: Any) -> dict:
-    """A component's config (a name, a mapping or a DictConfig) as a plain dict with its ``name``."""
-    return {"name": cfg} if isinstance(cfg, str) else _to_dict(cfg)
-
-
-def _to_dict(cfg: Any) -> dict:
-    if isinstance(cfg, Mapping):  # a dict, or a composed config node (OmegaConf's DictConfig is a Mapping)
-        return {k: _plain(cfg[k]) for k in cfg}
-    raise ConfigError(f"expected a component name or a mapping, got {type(cfg).__name__}: {cfg!r}")
-
-
-def _plain(v: Any) -> Any:
-    """Nested mappings and sequences as dicts and lists (a config node's values read, so resolved)."""
-    if isinstance(v, Mapping):
-        return {k: _plain(v[k]) for k in v}
-    if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
-        return [_plain(x) for x in v]
-    return v
-
-
-def build(kind: str, cfg: Any, *args: Any, **kwargs: Any) -> Any:
-    """Build a fresh component: ``cls(config, *args, **kwargs)``."""
-    entry, inst = make_config(kind, cfg)
-    return entry.cls(inst, *args, **kwargs)
-
-
-def resolve(kind: str, cfg: Any) -> Any:
-    """The registered class for ``cfg`` (for class-level properties, e.g. a residual's final norm)."""
-    return make_config(kind, cfg)[0].cls
-
-
 # --------------------------------------------------------------------------- plugin records
 # modforge.plugins loads built-ins and plugins; what it learns is kept here, on the ground floor.
 
@@ -484,7 +327,3 @@ def failed_plugins() -> dict[str, str]:
 
 def plugin_config_dirs() -> list[tuple[str, str]]:
     return list(_CONFIG_DIRS)
-
-
-for _kind in KINDS:  # modforge's own kinds, before anything registers (a plugin declares its own: declare())
-    _REGISTRIES[_kind.name] = Registry(_kind)
