@@ -58,18 +58,17 @@ def parse(argv: list) -> tuple[dict, list]:
         if opts[key] not in ("true", "false"):
             raise ConfigError(f"{key}={opts[key]}: true or false")
         opts[key] = opts[key] == "true"
-    for key in ("jobs", "draws"):
+    for key, lo in (("jobs", 1), ("draws", 0)):
         v = opts[key]
         if v is None:
             continue
-        if not (v.isascii() and v.isdigit()) or (len(v) <= 7 and int(v) < (1 if key == "jobs" else 0)):
-            raise ConfigError(f"{key}={v[:40]}: a whole number{' >= 1' if key == 'jobs' else ''}")
-        if len(v) > 7:  # (before Python is asked to read it: an int of over 4,300 digits is refused with a traceback)
+        if not (v.isascii() and v.isdigit()) or (len(v) <= 7 and int(v) < lo):
+            raise ConfigError(f"{key}={v[:40]}: a whole number{' >= 1' if lo else ''}")
+        if len(v) > 7 or (key == "draws" and int(v) > MAX_DRAWS):  # (bounded before Python reads a huge int)
             if key == "jobs":
                 from modforge.studies.design import check_jobs
 
-                check_jobs("jobs", 10 ** 7, shown=v[:40])
-        if key == "draws" and (len(v) > 7 or int(v) > MAX_DRAWS):
+                check_jobs("jobs", 10 ** 7, shown=v[:40])  # jobs= is bounded by the cores, in the design's words
             raise ConfigError(f"draws={v[:40]}: a whole number from 0 to {MAX_DRAWS:,}")
         opts[key] = int(v)
     return opts, overrides

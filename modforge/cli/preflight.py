@@ -9,11 +9,10 @@ from typing import Optional
 
 from modforge import registry
 from modforge.config.checks import check_output_dir, validate
-from modforge.config.command_line import check_overrides
+from modforge.config.command_line import check_overrides, top_names
 from modforge.config.composition import compose_job, hydra_loader
 from modforge.config.grid import job_overrides
 from modforge.config.overrides import HYDRA_VALUE_FLAGS, flag, user_override_keys
-from modforge.config.schema import PRESET_GROUPS, ROOT_KEYS
 from modforge.run.dirs import read_state
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.sweeps.clusters import check_launcher_installed, runs_elsewhere
@@ -146,7 +145,7 @@ def check_root_keys(cfg) -> None:
         raise registry.ConfigError("experiment: its file's settings landed under 'experiment.' and none of them "
                                    "applies; an experiment file is a mapping whose first line is "
                                    "'# @package _global_' (as in conf/experiment/)")
-    known = {*registry.group_kinds(), *ROOT_KEYS, *PRESET_GROUPS, "study", "hydra"}
+    known = {*top_names(), "hydra"}
     unknown = [k for k in cfg.keys() if k not in known]
     if unknown:
         raise registry.ConfigError(f"{unknown[0]}: '{unknown[0]}' is not a key or group of modforge's config (set "

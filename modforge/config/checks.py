@@ -24,7 +24,9 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     notes: list = []
     check_targets(cfg)  # before anything is built or imported: _target_ only where modforge builds
     typed = {g: registry.make_config(g, cfg[g]) for g in registry.group_kinds() if g in cfg}
-    check_finite(cfg)
+    run = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+           for k in cfg if k != "hydra"}  # the run as plain values (Hydra's own node resolves only inside a job)
+    check_finite(run)
     check_trainer_keys(cfg.trainer)
     check_callbacks(cfg.get("callbacks"))
     check_loggers(cfg.get("logger"))
@@ -50,8 +52,6 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
         total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
         d_model = getattr(typed.get("model", (None, None))[1], "d_model", 1)
         registry.build("scheduler", cfg.scheduler, opt, d_model=d_model, total_steps=total)
-    run = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-           for k in cfg if k != "hydra"}  # (Hydra's own node resolves only inside a running job)
     for _, conf in typed.values():  # each option's own rules against the rest of the run (its config's check)
         hook = getattr(conf, "check", None)
         if callable(hook):
@@ -81,7 +81,7 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     return notes
 
 
-def check_finite(cfg: DictConfig) -> None:
+def check_finite(run: dict) -> None:
     """No number of a config is NaN or infinite: nothing a run computes with one means anything (a learning
     rate of inf, a clip value of nan)."""
     import math
@@ -96,10 +96,8 @@ def check_finite(cfg: DictConfig) -> None:
         elif isinstance(node, float) and not math.isfinite(node):
             raise registry.ConfigError(f"{key}={node}: must be a finite number")
 
-    for key in cfg:
-        if key != "hydra":  # Hydra's own node resolves only inside a running job
-            value = cfg[key]
-            walk(OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, str(key))
+    for key, value in run.items():
+        walk(value, str(key))
 
 
 def check_positions(longest: Optional[int], max_len: int, what: str) -> None:

@@ -9,6 +9,11 @@ from modforge.config.composition import hydra_loader, parse_overrides, preset_op
 from modforge.config.schema import PRESET_GROUPS, ROOT_KEYS
 
 
+def top_names() -> list:
+    """Every top-level key and group of modforge's config (what a command line or a config file may set)."""
+    return sorted({*registry.group_kinds(), *ROOT_KEYS, *PRESET_GROUPS, "study"})
+
+
 def check_overrides(args: Iterable[str], loader: Any = None) -> None:
     """Fail early, with suggestions, on anything in the command line that cannot be right.
 
@@ -66,7 +71,7 @@ def check_overrides(args: Iterable[str], loader: Any = None) -> None:
             _check_root(ov.input_line, head, sub, values)
             continue
         if head not in kinds:
-            known = sorted([*kinds, *ROOT_KEYS, *PRESET_GROUPS, "study"])
+            known = top_names()
             raise registry.ConfigError(
                 f"{ov.input_line}: '{head}' is not a key or group of modforge's config, so nothing would read it."
                 f"{registry.suggest(head, known)} Top-level keys and groups: {', '.join(known)}.")

@@ -6,13 +6,10 @@ import contextlib
 import dataclasses
 import difflib
 import sys
-import typing
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from modforge.errors import (AmbiguousComponentError, ConfigError, DuplicateComponentError,  # noqa: F401
-                             ModforgeError, UnknownComponentError)
+from modforge.errors import AmbiguousComponentError, DuplicateComponentError, ModforgeError, UnknownComponentError
 
 BUILTIN = "built-in"
 
@@ -82,17 +79,18 @@ class Registry:
         self.decl = kind
         self.kind = kind.name
         self._entries: dict[str, list[Entry]] = {}
+        self._base: Optional[type] = None  # a table's base class, once imported
 
     @property
     def base(self) -> Optional[type]:
         """The base class (a table's "module:Class" imported when first asked: by the first registration, from
         the module that defines it, so it is there)."""
-        if isinstance(self.decl.base, str):
+        if isinstance(self.decl.base, str) and self._base is None:
             import importlib
 
             module, _, name = self.decl.base.partition(":")
-            return getattr(importlib.import_module(module), name)
-        return self.decl.base
+            self._base = getattr(importlib.import_module(module), name)
+        return self._base if isinstance(self.decl.base, str) else self.decl.base
 
     def names(self) -> list[str]:
         return sorted(self._entries)

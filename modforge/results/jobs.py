@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import yaml
 
@@ -110,13 +110,11 @@ def info_of(records: list, metric: str) -> dict:
     for m in records:
         info = (m.get("metric_info") or {})
         rec = info.get(metric) or info.get(short)
-        if isinstance(rec, dict):
-            lo, hi, better = rec.get("low"), rec.get("high"), rec.get("better", "min")
-            number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-            if (lo is None or number(lo)) and (hi is None or number(hi)) and better in ("min", "max"):
-                return {"low": -math.inf if lo is None else float(lo), "high": math.inf if hi is None else float(hi),
-                        "better": better}
-            # a record of another shape: read as a run from before the record (by the metric's name)
+        if rec is not None and declaration_fault(rec) is None:
+            lo, hi = rec.get("low"), rec.get("high")
+            return {"low": -math.inf if lo is None else float(lo), "high": math.inf if hi is None else float(hi),
+                    "better": rec.get("better", "min")}
+        # a record of another shape: read as a run from before the record (by the metric's name)
     name = short.lower()
     if any(w in name for w in LOWER_IS_BETTER):
         return {"low": 0.0, "high": math.inf, "better": "min"}
@@ -128,7 +126,6 @@ def info_of(records: list, metric: str) -> dict:
 def malformed(metrics: dict) -> Optional[str]:
     """The first field of a ``metrics.json`` record that no run writes in that shape (the run's config not a
     mapping, a metric's declaration, the step count), as ``field=value: what it must be``; None when all fit."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     if "config" in metrics and not isinstance(metrics["config"], dict):
         return f"config={str(metrics['config'])[:40]!r}: the run's config, a mapping"
     steps = metrics.get("steps")
@@ -140,13 +137,23 @@ def malformed(metrics: dict) -> Optional[str]:
     if not isinstance(declared, dict):
         return "metric_info: a mapping of metric -> {low, high, better}"
     for name, rec in declared.items():
-        if not isinstance(rec, dict):
-            return f"metric_info.{name}: a mapping of low, high, better"
-        for end in ("low", "high"):
-            if rec.get(end) is not None and not number(rec[end]):
-                return f"metric_info.{name}.{end}={str(rec[end])[:40]!r}: a number or null"
-        if rec.get("better", "min") not in ("min", "max"):
-            return f"metric_info.{name}.better={str(rec['better'])[:40]!r}: min or max"
+        fault = declaration_fault(rec)
+        if fault:
+            return f"metric_info.{name}{fault}"
+    return None
+
+
+def declaration_fault(rec: Any) -> Optional[str]:
+    """What is wrong with one metric's declaration in ``metric_info`` (``{low, high, better}``), as the rest of a
+    message after its name; None when it is one a task writes."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if not isinstance(rec, dict):
+        return ": a mapping of low, high, better"
+    for end in ("low", "high"):
+        if rec.get(end) is not None and not number(rec[end]):
+            return f".{end}={str(rec[end])[:40]!r}: a number or null"
+    if rec.get("better", "min") not in ("min", "max"):
+        return f".better={str(rec['better'])[:40]!r}: min or max"
     return None
 
 
