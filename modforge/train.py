@@ -1,15 +1,13 @@
 """``python -m modforge.train [-m] [group=option ...] [key=value ...]``: train one configuration, or sweep many.
 
-The command only: answer ``--help`` and Tab completion, rewrite ``resume=`` to what it means, pre-flight
-every job (:mod:`modforge.cli.preflight`), stop after a dry run, then hand the job to Hydra, which runs
-:func:`modforge.run.story.run` once, or the sweeper (:mod:`modforge.sweeps.sweeper`) which runs it per
-job. Any :class:`~modforge.errors.ModforgeError` ends the command in one line, with no traceback.
+The command only: answer ``--help`` and Tab completion, rewrite ``resume=`` to what it means, plan every job
+(:mod:`modforge.cli.preflight`), stop after a dry run, then run the plan (:mod:`modforge.sweeps.launch`: the
+one job, or each job of the sweep with its launcher), each job by :func:`modforge.run.story.run`. Any
+:class:`~modforge.errors.ModforgeError` ends the command in one line, with no traceback.
 """
 import time
 
 _STARTED = time.perf_counter()  # `python -m modforge.train` imports this module first: the command's clock
-import math  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Optional  # noqa: E402
@@ -18,43 +16,61 @@ from omegaconf import DictConfig  # noqa: E402
 
 from modforge.cli.command import one_line_errors, signal_name, signals_noted  # noqa: E402
 from modforge.config.composition import CONF_DIR  # noqa: E402
-from modforge.config.overrides import HYDRA_INFO_FLAGS, flag  # noqa: E402
+from modforge.config.overrides import HYDRA_INFO_FLAGS  # noqa: E402
 
 
 def main(argv: Optional[list] = None) -> None:
-    from modforge.sweeps import record
-
     argv = sys.argv[1:] if argv is None else argv
     with one_line_errors():
         argv, verdict = before_hydra(argv)
         if verdict is None:
             return
     multirun = any(a in ("-m", "--multirun") for a in argv)
-    received: list = []  # the signals that arrived while Hydra ran the job(s)
+    received: list = []  # the signals that arrived while the job(s) ran
     run_dirs: list = []  # the directory of each job run in this process
-    channel = record.open_channel()  # the pre-flight's verdicts to the sweeper, its outcome back
+    plan = verdict.plan
+    from modforge.sweeps.job import sweep_task  # (torch and Lightning: not for --help and Tab)
+    from modforge.sweeps.launch import run_plan
+
     try:
-        if verdict.invalid:
-            record.write_invalid(channel, verdict.invalid)
         with signals_noted(received):
-            hand_to_hydra(argv, verdict.checked, run_dirs)
+            if plan is not None and plan.ours:
+                run_plan(plan, sweep_task(plan.checked, _STARTED, run_dirs) if multirun else
+                         single_task(run_dirs, plan.checked))
+            else:  # Hydra composes alone (--config-path, a DDP rank, --cfg), or another sweeper samples the jobs
+                hand_to_hydra(argv, plan is not None and plan.checked, run_dirs)
     except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM (Lightning stops at a step: SystemExit) ...
         if isinstance(e, SystemExit) and not received and type(e).__name__ != "SIGTERMException":
             raise  # a command's own exit (a one-line error: 2)
-        outcome = record.close_channel(channel)
-        if outcome is not None:
-            report_sweep(outcome)
+        if plan is not None and plan.outcome is not None:
+            report_sweep(plan.outcome)
         elif not multirun:
             print(f"[modforge] stopped by {signal_name(received)}: resume with python -m modforge.train "
                   f"resume={run_dirs[-1] if run_dirs else '<its run directory>'} (what it trained up to its last "
                   "checkpoint is kept)", file=sys.stderr)
         sys.exit(128 + received[0] if received else (130 if isinstance(e, KeyboardInterrupt) else 143))
-    finally:
-        outcome = record.close_channel(channel)  # no-op when closed above
-    if outcome is not None:
-        report_sweep(outcome)
-        if outcome.get("exit"):
-            sys.exit(outcome["exit"])
+    if plan is not None and plan.outcome is not None:
+        report_sweep(plan.outcome)
+        if plan.outcome.get("exit"):
+            sys.exit(plan.outcome["exit"])
+
+
+def single_task(run_dirs: list, checked: bool = True):
+    """The task function of a single run: its failure recorded in its directory, a mistake one line; ``checked``:
+    the pre-flight validated its config."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from modforge.run.dirs import failure_recorded
+    from modforge.run.story import run
+    from modforge.sweeps.job import final_loss
+
+    def task(cfg: DictConfig) -> Optional[float]:
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        run_dirs.append(out_dir)
+        with one_line_errors(), failure_recorded(out_dir):
+            return final_loss(run(cfg, out_dir, checked=checked, started=_STARTED))
+
+    return task
 
 
 def before_hydra(argv: list) -> tuple:
@@ -65,9 +81,10 @@ def before_hydra(argv: list) -> tuple:
     from modforge.cli.preflight import Verdict, preflight
     from modforge.cli.resume import continue_where_recorded
     from modforge.config import resolvers
-    from modforge.config.composition import compose_job, load
+    from modforge.config.composition import load
     from modforge.errors import ConfigError
     from modforge.run import ranks
+    from modforge.sweeps.plan import print_plan
 
     resolvers.forget_claimed()  # a second command in one process (a notebook) gets its own new directory
     info = any(a.split("=")[0] in HYDRA_INFO_FLAGS for a in argv)
@@ -90,42 +107,31 @@ def before_hydra(argv: list) -> tuple:
     if relaunched or info:
         return argv, Verdict()
     verdict = preflight(argv, multirun)
-    if not multirun and flag(argv, "dry_run"):
-        cfg = compose_job([a for a in argv if "=" in a and not a.startswith("-")], hydra=True)
-        print(f"[modforge] dry run, nothing is trained: 1 job ({' '.join(argv) or 'defaults'})\n"
-              f"       {cfg.hydra.run.dir}")
+    if verdict.plan is not None and verdict.plan.dry_run:
+        if multirun:
+            print_plan(verdict.plan, dry=True)
+        else:
+            print(f"[modforge] dry run, nothing is trained: 1 job ({' '.join(argv) or 'defaults'})\n"
+                  f"       {verdict.plan.jobs[0].dir}")
         return argv, None
     return argv, verdict
 
 
 def hand_to_hydra(argv: list, checked: bool, run_dirs: list) -> None:
-    """Hydra composes the config and runs the job (or the sweeper runs each job of the sweep); ``run_dirs`` gets
-    the directory of each job this process runs."""
+    """Hydra composes the config and runs the job, or its sweeper runs each job of the sweep (``--config-path``,
+    a DDP rank Lightning started, an information flag, a sweeper other than modforge's); ``run_dirs`` gets the
+    directory of each job this process runs."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    command_pid = os.getpid()
+    from modforge.sweeps.job import sweep_task
+
+    sweep, single = sweep_task(checked, _STARTED, run_dirs), single_task(run_dirs, checked)
 
     @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
     def _app(cfg: DictConfig) -> Optional[float]:
-        from modforge.run.dirs import failure_recorded
-        from modforge.run.story import run
-        from modforge.sweeps.job import sweep_job, sweep_job_outcome
-
-        # the command's clock, in the command's process only (a launcher's worker, a cluster node: its own start)
-        started = _STARTED if os.getpid() == command_pid else None
-
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        run_dirs.append(out_dir)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            with sweep_job():
-                m = sweep_job_outcome(cfg, out_dir, checked=checked, started=started)
-        else:
-            with one_line_errors(), failure_recorded(out_dir):
-                m = run(cfg, out_dir, checked=checked, started=started)
-        loss = (m or {}).get("val", {}).get("val/loss")
-        return loss if loss is not None and math.isfinite(loss) else None  # for Hydra sweepers
+        return (sweep if HydraConfig.get().mode == RunMode.MULTIRUN else single)(cfg)
 
     sys.argv = [sys.argv[0]] + argv
     _app()

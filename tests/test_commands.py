@@ -1,5 +1,6 @@
 """The commands as a whole: ``python -m modforge <verb>``, the files the command and its sweeper exchange
 instead of shared module state, and a job's config validated once."""
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,10 @@ from pathlib import Path
 from conftest import python, run_in_process
 
 from modforge.__main__ import VERBS, main as verb_main
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=16", "data.block_size=16",
+        "data.batch_size=4", "data.max_chars=4000", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+        "sample=false", "eval_at_start=false", "callbacks.progress=none"]
 
 
 def test_every_verb_names_a_command_module_with_a_main():
@@ -38,28 +43,62 @@ def test_a_verb_runs_its_command():
     assert p.returncode == 2 and p.stderr.startswith("error: Unknown norm 'rmss'"), p.stderr[-2000:]
 
 
-def test_the_preflight_verdicts_and_the_sweepers_outcome_go_through_the_commands_channel(tmp_path):
-    from modforge.sweeps.record import (CHANNEL_ENV, RECORD, close_channel, job_key, open_channel, read_invalid,
-                                        write_invalid, write_outcome)
+def test_a_sweep_is_planned_once_each_job_composed_and_validated_once(tmp_path, monkeypatch):
+    """``train -m``: the grid is expanded once and each job composed and validated once in the command's process
+    (its job then runs from that config); the plan is kept in the sweep directory, no channel in the environment."""
+    import modforge.sweeps.planning as planning
+    import modforge.run.story as story
+    from modforge.train import main
 
-    assert read_invalid() == {}  # no command around: nothing to skip
-    channel = open_channel()
-    try:
-        write_invalid(channel, [(["norm=rmss", "seed=1", "dry_run=true", "hydra.sweep.dir=x"], "Unknown norm 'rmss'")])
-        assert read_invalid() == {job_key(["seed=1", "norm=rmss"]): "Unknown norm 'rmss'"}
-        write_outcome(tmp_path / "sweep", {"exit": 1, "summary": "one failed"})
-    finally:
-        outcome = close_channel(channel)
-    assert outcome == {"exit": 1, "summary": "one failed"}
-    assert not channel.exists() and CHANNEL_ENV not in os.environ
-    assert (tmp_path / "sweep" / RECORD).is_file()  # the sweep's own record stays
-    write_outcome(tmp_path / "other", {"exit": 0})  # a sweeper outside a command: only the record
-    assert (tmp_path / "other" / RECORD).is_file()
+    composed, validated = [], []
+
+    def counting(fn, calls):
+        def wrapped(*a, **k):
+            calls.append(1)
+            return fn(*a, **k)
+        return wrapped
+
+    import hydra._internal.config_loader_impl as loader_impl
+
+    loads = []
+    monkeypatch.setattr(loader_impl.ConfigLoaderImpl, "load_configuration",
+                        counting(loader_impl.ConfigLoaderImpl.load_configuration, loads))
+    monkeypatch.setattr(planning, "compose_sweep_job", counting(planning.compose_sweep_job, composed))
+    monkeypatch.setattr(planning, "validate", counting(planning.validate, validated))
+    monkeypatch.setattr(story, "validate", counting(story.validate, validated))
+    monkeypatch.chdir(tmp_path)
+    env = dict(os.environ)
+    main(["-m", *TINY, "trainer.max_steps=2", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert len(composed) == 2 and len(validated) == 2
+    assert len(loads) == 3  # the sweep's own config, then each job's: nothing composed twice
+    assert dict(os.environ) == env  # nothing named in the environment
+    plan = json.loads((tmp_path / "sweep" / "plan.json").read_text())
+    assert [j["overrides"][-1] for j in plan["jobs"]] == ["seed=1", "seed=2"]
+    assert all((tmp_path / j["dir"] / "metrics.json").is_file() for j in plan["jobs"])  # each ran where planned
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["counts"]["finished"] == 2
+
+
+def test_the_study_runner_runs_a_sweep_in_process_and_gets_its_outcome(tmp_path, monkeypatch):
+    """``modforge.sweeps.launch.sweep``: the entry point a study's stage calls; one job failing is counted in
+    the outcome it returns (exit 1), a mistake is one ConfigError before any job."""
+    from modforge.errors import ConfigError
+    from modforge.sweeps.launch import sweep
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MODFORGE_FAULT", "raise@step=1@job=1")
+    out = sweep([*TINY, "trainer.max_steps=2", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    assert out["exit"] == 1 and out["counts"] == {"finished": 1, "failed": 1, "diverged": 0, "interrupted": 0}
+    assert "#1 failed: RuntimeError: fault injected at step 1" in out["summary"]
+    with pytest.raises(ConfigError, match="Unknown norm 'rmss'"):
+        sweep(["norm=rmss", f"hydra.sweep.dir={tmp_path / 'other'}"])
+    with pytest.raises(ConfigError, match="trainer.devices=2: this sweep runs its jobs in this process"):
+        sweep([*TINY, "trainer.devices=2", "trainer.accelerator=cpu", f"hydra.sweep.dir={tmp_path / 'other'}"])
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_resumed_run_is_validated_once(tmp_path, monkeypatch):
     """The pre-flight validates the config the job trains with (the resumed run's); the run does not again."""
-    import modforge.cli.preflight as preflight
+    import modforge.sweeps.planning as preflight
     import modforge.run.story as story
     from modforge.train import main
 
@@ -104,3 +143,19 @@ def test_a_key_given_twice_is_refused_by_every_key_value_command(module, argv, t
     key = argv[-1].lstrip("+").split("=")[0]
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: {key}= given twice ({key}=") and "give it once" in err, err
+
+
+def test_a_sweep_that_hydras_own_app_runs_is_planned_and_resumed_alike(tmp_path, monkeypatch, capsys):
+    """``--config-path``: Hydra's app composes and runs the sweep, through modforge's sweeper, which plans it with
+    the same functions: every job run once, then, run again, every job skipped (planned from its directory)."""
+    from modforge.config.composition import CONF_DIR
+    from modforge.train import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config-path", str(CONF_DIR), "-m", *TINY, "trainer.max_steps=2", "seed=1,2",
+            f"hydra.sweep.dir={tmp_path / 's'}"]
+    main(argv)
+    assert "2 jobs: 2 finished, 0 failed" in capsys.readouterr().out
+    main(argv)
+    out = capsys.readouterr().out
+    assert "2 jobs (0 to run)" in out and out.count("skip (finished)") == 2, out

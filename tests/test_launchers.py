@@ -121,7 +121,8 @@ def test_a_job_that_dies_before_recording_why_is_failed_with_its_exception(tmp_p
     crashed on) and names the exception, not what a library printed after it."""
     from modforge.run.dirs import read_state
     from modforge.sweeps.gpus import _Job
-    from modforge.sweeps.sweeper import Planned, outcome
+    from modforge.sweeps.launch import outcome
+    from modforge.sweeps.plan import Job, Plan
 
     d = tmp_path / "sweep" / "0_seed=1"
     d.mkdir(parents=True)
@@ -133,7 +134,7 @@ def test_a_job_that_dies_before_recording_why_is_failed_with_its_exception(tmp_p
     assert "failed: RuntimeError: the real cause" in capsys.readouterr().out
     state = read_state(d)
     assert state.status == "failed" and state.error == "RuntimeError: the real cause"
-    summary = outcome([Planned(0, ["seed=1"], d, "run")], tmp_path / "sweep")
+    summary = outcome(Plan(True, [Job(0, ["seed=1"], d, "run")]))
     assert "0 finished, 1 failed" in str(summary)
 
 

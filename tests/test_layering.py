@@ -17,13 +17,15 @@ PKG = ROOT / "modforge"
 # (floor, room, what it holds); a room is a folder of modforge/ or a top-level module; the commands share the
 # top floor. Floors from the top down; the drawn map in README.md is this table.
 ROOMS = [
-    (12, "train.py generate.py catalog.py report.py study.py export.py convert.py __main__.py",
+    (13, "train.py generate.py catalog.py report.py study.py export.py convert.py __main__.py",
      "the commands: python -m modforge.<module>, python -m modforge <verb>, modforge <verb>"),
-    (11, "cli/", "what commands share: one-line errors, train's help and Tab completion, the registry as cached "
-                 "data, the pre-flight of every job, resume= on the command line"),
-    (10, "sweeps/ studies/", "the sweeper (plans each job from its directory), one job inside Hydra, the files "
-                             "between command and sweeper, the gpus/ray launchers, GPU slots, cluster settings; a "
-                             "study's design, stages, tuning, adaptive seeds, ladder fits and report"),
+    (12, "cli/", "what commands share: one-line errors, train's help and Tab completion, the registry as cached "
+                 "data, the pre-flight of the command line, resume= on the command line"),
+    (11, "studies/", "a study's design, stages (each an in-process sweep), tuning, adaptive seeds, ladder fits and "
+                     "report"),
+    (10, "sweeps/", "a command's jobs planned once (grid, composition, checks, each directory's state), the plan "
+                    "run with a launcher (the entry point of train and studies), one job inside Hydra, the "
+                    "gpus/ray launchers, GPU slots, cluster settings"),
     (9, "results/", "a sweep's tables, statistics and plots (no Lightning, no Hydra)"),
     (8, "run/", "one run's story in named steps, run directories and locks, resume and init_from rules, DDP rank "
                 "decisions, callbacks, progress and loggers, final measurements"),

@@ -230,41 +230,24 @@ def test_a_study_directory_answers_one_design(tmp_path):
 
 
 def test_a_stage_s_wall_time_reaches_the_log_while_it_runs_and_when_it_is_interrupted(tmp_path):
-    """A sitting killed outright (a session's end) must not lose its stages' time: the log is on disk as it goes."""
-    import subprocess
+    """A sitting killed outright (a session's end) must not lose its stages' time: the log is on disk as it goes,
+    and the rest is added however the stage ends (here: Ctrl-C)."""
+    import time
 
     from modforge.studies.stages import StageClock, read_log
 
     seen = []
-
-    class Sweep:  # a stage's sweep: still running at two looks, then interrupted (Ctrl-C)
-        killed = False
-        signalled = None
-
-        def wait(self, timeout):
-            if self.signalled is not None:
-                return 143  # it stopped when told (SIGTERM), as a sweep does
-            seen.append(read_log(tmp_path).get("stage_seconds", {}).get("s/round-0"))
-            if len(seen) < 3:
-                raise subprocess.TimeoutExpired("sweep", timeout)
-            raise KeyboardInterrupt
-
-        def poll(self):
-            return None if self.signalled is None else 143
-
-        def send_signal(self, sig):
-            self.signalled = sig
-
-        def kill(self):
-            self.killed = True
-
-    clock, sweep = StageClock(tmp_path, {"plan": "p"}, every=0.01), Sweep()
+    clock = StageClock(tmp_path, {"plan": "p"}, every=0.02)
     with pytest.raises(KeyboardInterrupt):
-        clock.wait(sweep, Path("s/round-0"))
-    assert seen[0] is None and 0 < seen[1] < seen[2], seen  # written after each look, growing
-    import signal
-
-    assert sweep.signalled == signal.SIGTERM and not sweep.killed  # told to stop and waited for, not killed
+        with clock.running(Path("s/round-0")):  # a stage's sweep, running in this process
+            deadline = time.monotonic() + 30
+            while len(seen) < 3 and time.monotonic() < deadline:
+                now = read_log(tmp_path).get("stage_seconds", {}).get("s/round-0")
+                if now is not None and (not seen or now > seen[-1]):
+                    seen.append(now)
+                time.sleep(0.005)
+            raise KeyboardInterrupt
+    assert len(seen) == 3 and 0 < seen[0] < seen[1] < seen[2], seen  # written while it ran, growing
     assert read_log(tmp_path)["stage_seconds"]["s/round-0"] >= seen[2]
     assert read_log(tmp_path)["plan"] == "p"
 
@@ -272,14 +255,9 @@ def test_a_stage_s_wall_time_reaches_the_log_while_it_runs_and_when_it_is_interr
 # --------------------------------------------------------------------------- end to end
 
 def study(cwd: Path, *args: str, fault: str = ""):
-    """The study command with every stage in its process (``MODFORGE_STAGES=inprocess``): in this process, or a
-    real ``python -m modforge.study`` where a fault kills it."""
+    """The study command (its stages run in its process): in this process, or a real ``python -m modforge.study``
+    where a fault kills it."""
     return run_module("modforge.study", cwd, *args, fault=fault, threads=None, timeout=600)
-
-
-@pytest.fixture
-def stages_in_process(monkeypatch):
-    monkeypatch.setenv("MODFORGE_STAGES", "inprocess")
 
 
 def files_of(d: Path) -> dict:
@@ -288,7 +266,7 @@ def files_of(d: Path) -> dict:
 
 @pytest.mark.process  # one sitting SIGKILLed outright
 @pytest.mark.slow
-def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path, stages_in_process):
+def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path):
     """study_toy: the wide model is worse at the narrow one's best learning rate and better at its own. Killed
     outright in the middle of tuning (a real process, SIGKILLed with its stages), re-run, it completes; re-run
     again, it runs nothing. The budget never refuses here (force=true): the test must pass on a slow machine."""
@@ -329,7 +307,7 @@ def test_a_study_tunes_each_arm_finds_the_planted_winner_and_resumes(tmp_path, s
 
 
 @pytest.mark.slow
-def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path, stages_in_process):
+def test_a_ladder_matches_flops_fits_each_arm_and_draws_it(tmp_path):
     d = tmp_path / "l"
     args = ["experiment=study_ladder_toy", f"dir={d}", "trainer.enable_progress_bar=false", "draws=100", "jobs=1",
             "force=true"]
@@ -524,17 +502,37 @@ def test_the_tuning_plot_labels_a_log_grid_with_its_own_values(tmp_path, monkeyp
     assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))
 
 
-@pytest.mark.parametrize("code, says", [(-9, "interrupted; run the same command again"),
-                                        (130, "interrupted; run the same command again"),
-                                        (2, "the sweep did not start (its error is above)")])
-def test_a_stage_that_did_not_end_stops_the_study_in_one_line(tmp_path, monkeypatch, code, says):
-    """What a stage's exit code means to the study (its sweep killed, Ctrl-C, refused before any job), without
-    starting one: the launch is replaced by its exit code."""
+class SIGTERMException(SystemExit):  # Lightning's, by name: a SIGTERM while a job trained
+    pass
+
+
+def _refused(overrides):
+    from modforge.errors import ConfigError
+
+    raise ConfigError("norm=rmss: Unknown norm")
+
+
+def _sigterm(overrides):
+    raise SIGTERMException(1)
+
+
+def _ended_without_result(overrides):
+    return {"exit": 1, "summary": "[modforge] sweep: 1 jobs: 0 finished, 0 failed, 0 diverged, 1 interrupted"}
+
+
+@pytest.mark.parametrize("sweep, raises, says", [
+    (_refused, "StudyStopped", "the sweep did not start: norm=rmss: Unknown norm; fix it and run the same command"),
+    (_sigterm, "KeyboardInterrupt", ""),
+    (_ended_without_result, "StudyStopped", "1 of 1 jobs did not end (#0: unfinished)")])
+def test_a_stage_that_did_not_end_stops_the_study_in_one_line(tmp_path, monkeypatch, sweep, raises, says):
+    """What a stage's sweep ending early means to the study (refused before any job: one line naming why; SIGTERM
+    while a job trained: the study stops as on Ctrl-C; jobs left unfinished), without running one: the in-process
+    sweep is replaced."""
     from modforge.studies import stages
 
     d = design_of("x", [], BLOCK, jobs=1, base={"max_steps": 10, "val_check_interval": 5, "eval_at_start": False})
     cells = [stages.Cell(d.baseline, "", "", 1, {**d.arms[d.baseline], "seed": 1})]
-    monkeypatch.setattr(stages, "launch", lambda cmd, stage_dir, clock: code)
+    monkeypatch.setattr(stages, "sweep", sweep)
     clock = stages.StageClock(tmp_path, {})
-    with pytest.raises(stages.StudyStopped, match=re.escape(says)):
+    with pytest.raises(stages.StudyStopped if raises == "StudyStopped" else KeyboardInterrupt, match=re.escape(says)):
         stages.run_stage(d, tmp_path / "probe", cells, 1, clock)

@@ -263,7 +263,7 @@ def test_cells_are_a_union_each_crossed_with_the_grid_in_hydras_order():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from modforge.registry import ConfigError
-    from modforge.sweeps.sweeper import expand_jobs
+    from modforge.config.grid import expand_jobs
 
     parse = OverridesParser.create().parse_overrides
     grid = ["seed=1,2", "norm=layer,rms"]

@@ -29,6 +29,7 @@ def load() -> None:
 
 
 _PRIMARY: ContextVar = ContextVar("modforge_primary_config", default="train")  # the command's --config-name
+JOB_NAME = "train"  # hydra.job.name, as python -m modforge.train names it (its log: train.log)
 
 
 @contextlib.contextmanager
@@ -44,7 +45,7 @@ def hydra_loader(config_dir: Optional[str] = None, config_name: Optional[str] = 
         GlobalHydra.instance().clear()
     token = _PRIMARY.set(config_name or "train")
     try:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):  # restores Hydra's global state after
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name=JOB_NAME):  # restores Hydra's global state after
             if config_dir is not None:
                 _add_config_dir(config_dir)
             yield GlobalHydra.instance().config_loader()
@@ -64,7 +65,7 @@ def _add_config_dir(config_dir: str) -> None:
     csp.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
                 anchor=SearchPathQuery(provider="schema"))
     GlobalHydra.instance().clear()
-    Hydra.create_main_hydra2(task_name="app", config_search_path=csp)
+    Hydra.create_main_hydra2(task_name=JOB_NAME, config_search_path=csp)
 
 def one_line(e: BaseException) -> str:
     """Hydra's and OmegaConf's multi-line messages as one line (what they say, without their key dumps): which
@@ -119,23 +120,53 @@ def compose_job(overrides: list, hydra: bool = False) -> DictConfig:
     """Compose one job's config (its overrides already checked); any composition error is one ConfigError."""
     from hydra import compose as h_compose
     from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     from hydra.core.global_hydra import GlobalHydra
 
     ctx = contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
-        initialize_config_dir(str(CONF_DIR), version_base="1.3")
-    with ctx:
-        try:
-            return h_compose(_PRIMARY.get(), overrides=list(overrides), return_hydra_config=hydra)
-        except UnicodeDecodeError as e:  # Hydra read a YAML file that is not UTF-8, and does not say which
-            raise registry.ConfigError(f"{not_utf8() or 'a config file'}: not UTF-8 text ({e.reason} at byte "
-                                       f"{e.start}); save it as UTF-8") from None
-        except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError, KeyError) as e:
-            raise registry.ConfigError(one_line(e)) from None
-        except yaml.YAMLError as e:  # a config file (an experiment, a preset) that is not valid YAML
-            raise registry.ConfigError(readers.yaml_error(e)) from None
+        initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name=JOB_NAME)
+    with ctx, composing():
+        return h_compose(_PRIMARY.get(), overrides=list(overrides), return_hydra_config=hydra)
+
+
+def compose_command(loader: Any, overrides: list, multirun: bool) -> DictConfig:
+    """The command's config as Hydra's app composes it, its ``hydra`` node included: a single run's job, or a
+    sweep's own config (each job is then :func:`compose_sweep_job`); composition errors are one ConfigError."""
+    from hydra.types import RunMode
+
+    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+    with composing():
+        return loader.load_configuration(_PRIMARY.get(), overrides=[*overrides, f"hydra.mode={mode.name}"],
+                                         run_mode=mode)
+
+
+def compose_sweep_job(loader: Any, sweep_cfg: DictConfig, overrides: list, num: int) -> DictConfig:
+    """Job ``num`` of a sweep, as Hydra's launchers compose it (the sweep's hydra overrides, then the job's)."""
+    from omegaconf import open_dict
+
+    with composing():
+        cfg = loader.load_sweep_config(sweep_cfg, list(overrides))
+    with open_dict(cfg):
+        cfg.hydra.job.id = num
+        cfg.hydra.job.num = num
+    return cfg
+
+
+@contextlib.contextmanager
+def composing() -> Iterator[None]:
+    """Hydra's, OmegaConf's and YAML's errors while composing, as one ConfigError line each."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except UnicodeDecodeError as e:  # Hydra read a YAML file that is not UTF-8, and does not say which
+        raise registry.ConfigError(f"{not_utf8() or 'a config file'}: not UTF-8 text ({e.reason} at byte "
+                                   f"{e.start}); save it as UTF-8") from None
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError, AssertionError, KeyError) as e:
+        raise registry.ConfigError(one_line(e)) from None
+    except yaml.YAMLError as e:  # a config file (an experiment, a preset) that is not valid YAML
+        raise registry.ConfigError(readers.yaml_error(e)) from None
 
 def not_utf8() -> Optional[str]:
     """The first YAML file in the search path's directories that is not UTF-8 (None if none is)."""

@@ -1,14 +1,13 @@
 """A sweep's jobs: each of ``hydra.sweeper.cells`` (a union of configurations, in the order listed) crossed
 with the grid (``hydra.sweeper.params``, then the command line's comma lists), the grid expanded as Hydra's
-basic sweeper expands it. One expansion serves the pre-flight (every job checked before the first starts) and
-the sweeper (which runs them)."""
+basic sweeper expands it, once, by the plan of the sweep (:mod:`modforge.sweeps.planning`)."""
 import functools
 from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 
 from modforge.errors import ConfigError
-from modforge.config.composition import compose_job, one_line, parse_overrides
+from modforge.config.composition import one_line
 
 
 def cell_overrides(cells: Any) -> list:
@@ -62,25 +61,19 @@ def expand_jobs(cells: Any, params: dict, arguments: list, parse) -> list:
     return jobs
 
 
-def job_overrides(args: list, multirun: bool, loader: Any) -> list[list[str]]:
-    """The overrides of each job the command runs: itself, or each job of the sweep (its command-line
-    sweeps and the grid an experiment carries in ``hydra.sweeper.params``, crossed with each of its
-    ``hydra.sweeper.cells``), expanded as modforge's sweeper does."""
-    args = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
-    if not multirun:
-        return [args]
-    parsed = parse_overrides(args, loader)
-    fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
-    cfg = compose_job(fixed, hydra=True)
+def sweep_jobs(sweep_cfg: Any, arguments: list, parse) -> list[list[str]]:
+    """The overrides of each job of a sweep whose own config is ``sweep_cfg``: the command line's ``arguments``
+    (its task overrides) and the grid an experiment carries in ``hydra.sweeper.params``, crossed with each of its
+    ``hydra.sweeper.cells``. ``parse`` reads a list of overrides (Hydra's parser over the command's loader)."""
     try:
-        return expand_jobs(cfg.hydra.sweeper.get("cells"), cfg.hydra.sweeper.get("params") or {}, args,
-                                 lambda a: parse_overrides(a, loader))
+        return expand_jobs(sweep_cfg.hydra.sweeper.get("cells"), sweep_cfg.hydra.sweeper.get("params") or {},
+                           list(arguments), parse)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. an interval, which only a sampling sweeper (Optuna) can use
         raise ConfigError(f"the sweep cannot be expanded into jobs: {one_line(e)} (quote a value with "
-                                   "commas, e.g. 'hydra.sweeper.params.norm=\"layer,rms\"'; intervals need a "
-                                   "sampling sweeper such as Optuna's)") from None
+                          "commas, e.g. 'hydra.sweeper.params.norm=\"layer,rms\"'; intervals need a "
+                          "sampling sweeper such as Optuna's)") from None
 
 
 def labels(job_overrides: Sequence[Sequence[str]]) -> list:

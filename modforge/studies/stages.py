@@ -1,21 +1,23 @@
-"""A study's stages as sweeps: each stage (the probe, a tuning round, a comparison round) is one sweep of
-``python -m modforge.train -m`` in its own directory under the study's, its jobs listed as cells (one per job,
-every override explicit) and kept in ``cells.json`` before anything runs. Re-running a stage is re-running its
+"""A study's stages as sweeps: each stage (the probe, a tuning round, a comparison round) is one sweep, run in
+this process as ``python -m modforge.train -m`` runs it (:func:`modforge.sweeps.launch.sweep`), in its own
+directory under the study's, its jobs listed as cells (one per job, every override explicit) and kept in
+``cells.json`` before anything runs. Re-running a stage is re-running its
 sweep: finished jobs are skipped, interrupted ones resume from their last checkpoint (:mod:`modforge.sweeps`).
 What a stage's jobs ended as is read back with :mod:`modforge.results.jobs`."""
+import contextlib
 import json
 import math
-import subprocess
-import sys
+import threading
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from modforge.config.overrides import hydra_value, quoted
 from modforge.errors import ConfigError, ModforgeError
 from modforge.results.jobs import load_jobs, mark_collapsed, metric_value
 from modforge.studies.design import PROBE_KEYS, RUNNER_KEYS, Design
+from modforge.sweeps.launch import sweep
 from modforge.utils.files import read_json, write_json
 
 PROBE_STEPS = 30
@@ -143,42 +145,34 @@ class StageClock:
         log[str(stage_dir)] = log.get(str(stage_dir), 0.0) + seconds
         write_log(self.study_dir, self.state)
 
-    def wait(self, proc, stage_dir: Path) -> int:
-        """Wait for the stage's sweep, adding the time to the log as it passes; on an interruption (Ctrl-C,
-        SIGTERM) the sweep is told to stop and waited for (:func:`stop`), and the time so far is kept."""
-        t = time.time()
+    @contextlib.contextmanager
+    def running(self, stage_dir: Path) -> Iterator[None]:
+        """While the stage's sweep runs in this process, its time so far is added to the log every ``every``
+        seconds (by a timer thread), and the rest when it ends, however it ends."""
+        t, lock, stop = [time.time()], threading.Lock(), threading.Event()
+
+        def tick() -> None:
+            with lock:
+                now = time.time()
+                self.add(stage_dir, now - t[0])
+                t[0] = now
+
+        def ticking() -> None:
+            while not stop.wait(self.every):
+                tick()
+
+        timer = threading.Thread(target=ticking, name="study-clock", daemon=True)
+        timer.start()
         try:
-            while True:
-                try:
-                    return proc.wait(timeout=self.every)
-                except subprocess.TimeoutExpired:
-                    pass
-                finally:
-                    now = time.time()
-                    self.add(stage_dir, now - t)
-                    t = now
-        except BaseException:
-            stop(proc)
-            raise
-
-
-def stop(proc, grace: float = 120.0) -> None:
-    """Stop a stage's sweep as SIGTERM stops a sweep (each running job checkpoints and records 'interrupted',
-    the sweep writes its summary) and wait for it; only one that has not ended after ``grace`` seconds is
-    killed. No stage outlives the study."""
-    import signal
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            yield
+        finally:
+            stop.set()
+            timer.join()
+            tick()
 
 
 def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: StageClock) -> None:
-    """Run the stage's sweep (a subprocess; its console is this one's) unless every job already ended; stop the
+    """Run the stage's sweep (in this process; its console is this one's) unless every job already ended; stop the
     study in one line when a job failed or the sweep was interrupted."""
     if not cells:
         return
@@ -186,57 +180,30 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
     results = read_stage(d, stage_dir, cells)
     if all(r["status"] in ("finished", "collapsed", "diverged") for r in results):
         return
-    cmd = [sys.executable, "-m", "modforge.train", "-m", f"experiment={d.experiment}", *d.overrides,
-           f"hydra.sweep.dir={hydra_value(str(stage_dir))}", "hydra.sweeper.params=null",
-           f"hydra.sweeper.cells={cells_argument(cells)}"]
+    overrides = [f"experiment={d.experiment}", *d.overrides, f"hydra.sweep.dir={hydra_value(str(stage_dir))}",
+                 "hydra.sweeper.params=null", f"hydra.sweeper.cells={cells_argument(cells)}"]
     if jobs > 1:
-        cmd += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]
+        overrides += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]
     print(f"[study] {'/'.join(stage_dir.parts[-2:]) if stage_dir.name != 'probe' else 'probe'}: {len(cells)} jobs "
           f"({sum(r['status'] in ('finished', 'collapsed', 'diverged') for r in results)} ended before)", flush=True)
-    code = launch(cmd, stage_dir, clock)
+    try:
+        with clock.running(stage_dir):
+            outcome = sweep(overrides)  # in this process; hydra/launcher=gpus starts a process per job
+    except ConfigError as e:
+        raise StudyStopped(f"{stage_dir}: the sweep did not start: {e}; fix it and run the same command again") \
+            from None
+    except SystemExit as e:  # SIGTERM while a job trained: Lightning stopped it at a step, recorded 'interrupted'
+        if type(e).__name__ != "SIGTERMException":
+            raise
+        raise KeyboardInterrupt from None  # the study stops as on Ctrl-C: one line, 128 + the signal
+    print(outcome["summary"], flush=True)
     results = read_stage(d, stage_dir, cells)
     failed = [r for r in results if r["status"] not in ("finished", "collapsed", "diverged")]
-    if code in (130, 143) or code < 0:
-        raise StudyStopped(f"{stage_dir}: interrupted; run the same command again to continue where it stopped")
-    if failed and code == 2 and all(r["status"] == "unfinished" for r in results):
-        raise StudyStopped(f"{stage_dir}: the sweep did not start (its error is above); fix it and run the same "
-                           "command again")
     if failed:
         r = failed[0]
         raise StudyStopped(f"{stage_dir}: {len(failed)} of {len(cells)} jobs did not end ({r['name']}: {r['status']}"
                            f"{': ' + r['error'] if r.get('error') else ''}); fix the cause and run the same command "
                            "again (failed jobs run again with retry_failed=true)")
-
-
-STAGES_ENV = "MODFORGE_STAGES"  # "inprocess": a test hook (docs/testing.md); unset: each stage its own process
-
-
-def launch(cmd: list, stage_dir: Path, clock: StageClock) -> int:
-    """Run a stage's sweep, ``cmd`` (``python -m modforge.train -m ...``), and return its exit code. By default
-    it is its own process (a sweep's Hydra, logging and signal handling are its own, and a fault or a crash in
-    one stage cannot take the study's bookkeeping with it). With ``$MODFORGE_STAGES=inprocess`` the same
-    command runs in this process, as ``python -m`` would run it (by name, :func:`runpy.run_module`): no
-    interpreter start per stage, for the tests' end-to-end studies."""
-    import os
-
-    if os.environ.get(STAGES_ENV, "") != "inprocess":
-        with subprocess.Popen(cmd) as proc:
-            return clock.wait(proc, stage_dir)
-    import runpy
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    t, argv = time.time(), list(sys.argv)
-    sys.argv = [cmd[2], *cmd[3:]]
-    try:
-        runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
-        return 0
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv
-        GlobalHydra.instance().clear()
-        clock.add(stage_dir, time.time() - t)
 
 
 def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from modforge.config.grid import labels
-from modforge.config.overrides import hydra_value, job_argv
+from modforge.config.overrides import hydra_value
 from modforge.errors import ConfigError
+from modforge.sweeps.plan import Plan
 from modforge.sweeps.slots import SlotError, check_per_device, cpu_threads, devices_needed, pool_devices, schedule
 from modforge.run.dirs import claim
 from modforge.utils.files import read_json, write_json
@@ -76,13 +77,14 @@ class GpuSlotLauncher:
         self.poll_seconds = float(poll_seconds)
         self.per_device = jobs_per_device
         self.config = self.hydra_context = self.task_function = None
+        self.flags: list = []  # the command's --config-dir/--config-name, as the plan keeps them
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         from hydra.core.utils import JobReturn, JobStatus, setup_globals
-        from omegaconf import OmegaConf, open_dict
+        from omegaconf import OmegaConf
 
         setup_globals()
         setting = self.devices_setting
@@ -93,19 +95,16 @@ class GpuSlotLauncher:
             per_device = check_per_device(self.per_device)
         except SlotError as e:
             raise ConfigError(str(e)) from None
+        plan = Plan.load(Path(str(self.config.hydra.sweep.dir)))  # each job's directory and devices, as planned
+        self.flags = plan.flags
         jobs: list = []
         for i, overrides in enumerate(job_overrides):
-            num = initial_job_idx + i
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(cfg):
-                cfg.hydra.job.num = num
-                cfg.hydra.job.id = f"job_{num}"
+            planned = plan.job(initial_job_idx + i)
             try:
-                need = check_slots(cfg.trainer.get("devices", 1), len(devices))
+                need = check_slots(planned.devices, len(devices))
             except ConfigError as e:
-                raise ConfigError(f"job #{num}: {e}") from None
-            jobs.append(_Job(num, list(overrides), Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir),
-                             need, str(cfg.trainer.get("accelerator", "auto")), cfg))
+                raise ConfigError(f"job #{planned.num}: {e}") from None
+            jobs.append(_Job(planned.num, list(overrides), planned.dir, need, planned.accelerator, self.config))
         for j, label in zip(jobs, labels([j.overrides for j in jobs])):
             j.label = label
         with _interrupt_on_sigterm():
@@ -134,12 +133,8 @@ class GpuSlotLauncher:
         """The job's own command line: the sweep's config flags and hydra settings, the job's overrides, its
         directory as the run directory (the run then resumes or skips there exactly as in the sweep's plan)."""
         hydra_overrides = [o for o in self.config.hydra.overrides.hydra if not o.lstrip("+~").startswith(_SWEEP_ONLY)]
-        hc = {"overrides": {"hydra": hydra_overrides, "task": list(job.overrides)}}
-        from omegaconf import OmegaConf
-
-        argv = job_argv(sys.argv, OmegaConf.create(hc))
-        return [sys.executable, "-m", "modforge.train", *argv[1:], f"hydra.run.dir={hydra_value(str(job.dir))}",
-                "hydra.output_subdir=.hydra"]
+        return [sys.executable, "-m", "modforge.train", *self.flags, *hydra_overrides, *job.overrides,
+                f"hydra.run.dir={hydra_value(str(job.dir))}", "hydra.output_subdir=.hydra"]
 
     def _wait(self, running: list) -> list:
         while True:

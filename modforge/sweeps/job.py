@@ -1,10 +1,11 @@
 """One job of a sweep, inside Hydra's multirun: its own command line for the DDP ranks Lightning starts, and
 a failure that stays the job's (recorded in its ``status.json``, one line on the console; the sweep goes on)."""
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from omegaconf import DictConfig
 
@@ -12,6 +13,32 @@ from modforge.config.overrides import job_argv
 from modforge.errors import ModforgeError
 from modforge.run.dirs import failure_recorded
 from modforge.run.story import run
+
+
+def sweep_task(checked: bool, started: Optional[float] = None, run_dirs: Optional[list] = None) -> Callable:
+    """The task function of a sweep's jobs (Hydra's: a job's config -> its val/loss, or None): each job run by
+    :func:`sweep_job_outcome`; ``started``: the command's clock, for the jobs that run in the command's own process
+    (a launcher's worker, a cluster node: its own start); ``run_dirs`` gets each job's directory."""
+    pid = os.getpid()
+
+    def task(cfg: DictConfig) -> Optional[float]:
+        from hydra.core.hydra_config import HydraConfig
+
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        if run_dirs is not None:
+            run_dirs.append(out_dir)
+        with sweep_job():
+            m = sweep_job_outcome(cfg, out_dir, checked=checked, started=started if os.getpid() == pid else None)
+        return final_loss(m)
+
+    return task
+
+
+def final_loss(m: Optional[dict]) -> Optional[float]:
+    """A run's final val/loss for Hydra's sweepers (None when it has none, or not a finite one)."""
+    loss = (m or {}).get("val", {}).get("val/loss")
+    return loss if loss is not None and math.isfinite(loss) else None
+
 
 @contextlib.contextmanager
 def sweep_job():
