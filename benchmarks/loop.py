@@ -14,7 +14,7 @@ overrides describe (e.g. ``experiment=shakespeare_char data.path=...``):
   with the default trainer settings, without validation and checkpoints (a
   run's validations are not in its tokens/s either); the time is what
   ``metrics.json``'s ``tokens_per_sec`` divides by
-  (:class:`modforge.run.callbacks.RunRecord`: first to last training batch);
+  (:class:`modforge.run.callbacks.CarriedState`: first to last training batch);
 * **loop as a run**: the same with what a run adds around the loop: the CSV
   logger, the learning-rate monitor, the divergence check and the progress
   display a log file gets.
@@ -71,7 +71,7 @@ def bare_round(cfg, dm, task, steps: int) -> float:
 
 
 def loop_round(cfg, dm, task, steps: int, profiler=None, as_run: bool = False) -> float:
-    """Tokens/s as a real run reports them (tokens / RunRecord.train_seconds). ``as_run``: with what a run
+    """Tokens/s as a real run reports them (tokens / CarriedState.train_seconds). ``as_run``: with what a run
     adds around the loop (CSV logger, learning-rate monitor, divergence check, log-progress lines)."""
     import tempfile
 
@@ -79,7 +79,7 @@ def loop_round(cfg, dm, task, steps: int, profiler=None, as_run: bool = False) -
     from lightning.pytorch.callbacks import LearningRateMonitor
     from omegaconf import OmegaConf
 
-    from modforge.run.callbacks import DivergenceStop, RunRecord
+    from modforge.run.callbacks import DivergenceStop, CarriedState
     from modforge.run.monitoring import AppendingCSVLogger, LogProgress
     from modforge.utils.console import quiet
 
@@ -87,7 +87,7 @@ def loop_round(cfg, dm, task, steps: int, profiler=None, as_run: bool = False) -
     settings = OmegaConf.to_container(cfg.trainer, resolve=True)
     settings.update(max_steps=steps, limit_val_batches=0, enable_checkpointing=False, enable_model_summary=False,
                     profiler=profiler, enable_progress_bar=as_run)
-    record = RunRecord()
+    record = CarriedState()
     callbacks, logger = [record], False
     if as_run:
         callbacks += [DivergenceStop(3), LearningRateMonitor(logging_interval="step"), LogProgress(10 ** 9)]

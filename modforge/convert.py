@@ -10,30 +10,28 @@ ids and special tokens (``data.tokenizer=pretrained``). That checkpoint is what
 ``python -m modforge.generate ckpt=``, ``load_checkpoint`` and fine-tuning with
 ``python -m modforge.train init_from=`` take. Nothing is downloaded: point ``hf=``
 at a local copy (see README, "Pretrained models"). An architecture or option the
-mapping cannot represent is refused in one line naming it. Keys (``key=value``, each once):
-
-  hf         the model directory                                                  (required)
-  out        the checkpoint file to write (a directory: <dir>/model.ckpt)          (required)
-  tokenizer  a tokenizer.json elsewhere (default: <hf>/tokenizer.json)
-  dtype      float32 (default) | float64 | bfloat16 | float16 | keep (the file's own)
+mapping cannot represent is refused in one line naming it.
 
 Example:
   python -m modforge.convert hf=~/models/gpt2 out=pretrained/gpt2.ckpt
 """
 from typing import Optional
 
-from modforge import registry
-from modforge.checkpoints.convert import convert
-from modforge.cli.command import command, key_values
+from modforge.checkpoints.convert import DTYPES, convert
+from modforge.cli.command import command
+from modforge.cli.options import Option, Options
 
-KEYS = ("hf", "out", "tokenizer", "dtype")
+OPTIONS = Options("python -m modforge.convert", (
+    Option("hf", "the model directory", required=True, metavar="model dir"),
+    Option("out", "the checkpoint file to write (a directory: <dir>/model.ckpt)", required=True, metavar="file.ckpt"),
+    Option("tokenizer", "a tokenizer.json elsewhere (default: <hf>/tokenizer.json)", metavar="tokenizer.json"),
+    Option("dtype", "the weights' precision (keep: the file's own)", "float32", "choice", DTYPES),
+))
 
 
 def convert_command(argv: list) -> None:
-    keys = key_values(argv, KEYS, f"{', '.join(k + '=' for k in KEYS)} (see --help)")
-    if "hf" not in keys or "out" not in keys:
-        raise registry.ConfigError("both hf=<model directory> and out=<file.ckpt> are required (see --help)")
-    path, s = convert(keys["hf"], keys["out"], keys.get("tokenizer"), keys.get("dtype", "float32"))
+    keys, _ = OPTIONS.parse(argv)
+    path, s = convert(keys["hf"], keys["out"], keys["tokenizer"], keys["dtype"])
     print(f"converted {s['model_type']} ({', '.join(s['architectures'] or [])}) from {s['hf']}: "
           f"{s['params']:,} parameters, {s['dtype']}")
     print(f"  as: {' '.join(o for o in s['overrides'] if not o.startswith('model.init_std'))}")
@@ -44,7 +42,7 @@ def convert_command(argv: list) -> None:
     print(f"wrote {path}")
 
 def main(argv: Optional[list] = None) -> None:
-    command(__doc__, convert_command, argv)
+    command(__doc__, convert_command, argv, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,7 @@ With ``format=hf`` it writes a Hugging Face model directory instead (config.json
 tokenizer.json when the model has a pretrained tokenizer), which ``transformers`` loads with
 ``from_pretrained`` and which computes the same logits: for models whose configuration is GPT-2's
 (``GPT2LMHeadModel``) or Llama's (``LlamaForCausalLM``, grouped-query attention and RoPE scalings included).
-Anything else is refused in one line naming what does not map. Keys (``key=value``, each once):
-
-  ckpt    a checkpoint file or a run directory (its checkpoints/last.ckpt)   (required)
-  out     the directory to write (new, or an earlier export's: another tool's files are never replaced)  (required)
-  format  modforge (default) | hf
+Anything else is refused in one line naming what does not map.
 
 Examples:
   python -m modforge.export ckpt=outputs/2026-11-23/14-03-22 out=exported/stdlib-small
@@ -26,19 +22,23 @@ Examples:
 """
 from typing import Optional
 
-from modforge import registry
 from modforge.checkpoints.export import export, export_hf, load_exported  # noqa: F401 - load_exported: public here
-from modforge.cli.command import command, key_values
+from modforge.cli.command import command
+from modforge.cli.options import Option, Options
+
+OPTIONS = Options("python -m modforge.export", (
+    Option("ckpt", "a checkpoint file or a run directory (its checkpoints/last.ckpt)", required=True,
+           metavar="run dir or .ckpt"),
+    Option("out", "the directory to write (new, or an earlier export's: another tool's files are never replaced)",
+           required=True, metavar="dir"),
+    Option("format", "modforge: safetensors and config.json; hf: a Hugging Face model directory", "modforge",
+           "choice", ("modforge", "hf")),
+))
+
 
 def export_command(argv: list) -> None:
-    keys = key_values(argv, ("ckpt", "out", "format"),
-                      "ckpt=<run dir or .ckpt>, out=<dir> and optionally format=modforge|hf (see --help)")
-    if "ckpt" not in keys or "out" not in keys:
-        raise registry.ConfigError("both ckpt=<run dir or .ckpt> and out=<dir> are required (see --help)")
-    fmt = keys.get("format", "modforge")
-    if fmt not in ("modforge", "hf"):
-        raise registry.ConfigError(f"format={fmt!r}: allowed values are modforge and hf")
-    if fmt == "hf":
+    keys, _ = OPTIONS.parse(argv)
+    if keys["format"] == "hf":
         out, arch, notes = export_hf(keys["ckpt"], keys["out"])
         print(f"wrote {out} as {arch}: transformers loads it with from_pretrained({str(out)!r})")
         for note in notes:
@@ -48,7 +48,7 @@ def export_command(argv: list) -> None:
     print(f"wrote {out / 'model.safetensors'} and {out / 'config.json'}")
 
 def main(argv: Optional[list] = None) -> None:
-    command(__doc__, export_command, argv)
+    command(__doc__, export_command, argv, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,7 @@
 """``python -m modforge.generate ckpt=<path> prompt="..." [src="..."] [strategy=greedy|beam|sample] ...``
 
 Rebuilds model and tokenizer from the checkpoint alone and prints the
-generated text. Keys (``key=value``, any order, each once):
-
-  ckpt            a checkpoint file or a run directory (required), e.g. outputs/<date>/<time> (its checkpoints/last.ckpt)
-  prompt          text to continue (decoder_only), or a forced target prefix (encoder_decoder)
-  src             source text (encoder_decoder models)
-  strategy        greedy | beam | sample                       (default greedy)
-  max_new         tokens to generate, at most 100000           (default 200)
-  beam_size, length_penalty                                     (beam; 4, 1.0)
-  temperature, top_k, top_p, seed                               (sample; 1.0, 0 = off, 1.0 = off, 0)
-  num_samples     independent samples to print                  (sample; 1)
+generated text.
 
 Examples:
   python -m modforge.generate ckpt=outputs/<date>/<time> prompt="def main(" max_new=100
@@ -20,57 +11,59 @@ Examples:
 from dataclasses import dataclass
 from typing import Optional
 
-from omegaconf import OmegaConf
-
 from modforge import registry
-from modforge.cli.command import command, key_values
+from modforge.cli.command import command
+from modforge.cli.options import Option, Options, missing
 from modforge.models.decoding import STRATEGIES, generate
 
-
-@dataclass
-class GenerateConfig:
-    ckpt: Optional[str] = None
-    prompt: str = ""
-    src: Optional[str] = None
-    strategy: str = "greedy"
-    max_new: int = 200
-    beam_size: int = 4
-    length_penalty: float = 1.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    num_samples: int = 1
-    device: str = "cpu"
-
-
-RAW_TEXT = ("prompt", "src", "ckpt")
 # the most tokens one command generates. Past its context a model decodes on (the window slides), so the context
 # bounds nothing; but the text comes out only at the end and every step copies all of it so far: a number far
 # beyond this one is a slip (digits too many), not a text anyone waits for
 MAX_NEW = 100_000
+OPTIONS = Options("python -m modforge.generate", (
+    Option("ckpt", "a checkpoint file or a run directory, e.g. outputs/<date>/<time> (its checkpoints/last.ckpt)",
+           required=True, metavar="run dir or .ckpt"),
+    Option("prompt", "text to continue (decoder_only), or a forced target prefix (encoder_decoder)", ""),
+    Option("src", "source text (encoder_decoder models)"),
+    Option("strategy", "how tokens are chosen", "greedy", "choice", STRATEGIES),
+    Option("max_new", f"tokens to generate, at most {MAX_NEW}", 200, "int"),
+    Option("beam_size", "beams (strategy=beam)", 4, "int"),
+    Option("length_penalty", "a finished beam's score is divided by length ** this (strategy=beam)", 1.0, "float"),
+    Option("temperature", "the logits are divided by it (strategy=sample)", 1.0, "float"),
+    Option("top_k", "sample from the k likeliest tokens only; 0: off (strategy=sample)", 0, "int"),
+    Option("top_p", "sample from the smallest set of tokens this likely; 1: off (strategy=sample)", 1.0, "float"),
+    Option("seed", "the first sample's seed; the next ones count up (strategy=sample)", 0, "int"),
+    Option("num_samples", "independent samples to print (strategy=sample)", 1, "int"),
+    Option("device", "where the model runs: cpu, cuda, cuda:1, mps", "cpu"),
+))
 STRATEGY_KEYS = {"beam_size": ("beam",), "length_penalty": ("beam",), "temperature": ("sample",),
                  "top_k": ("sample",), "top_p": ("sample",), "seed": ("sample",), "num_samples": ("sample",)}
 
 
+@dataclass
+class GenerateConfig:
+    """A generate command's options, as :data:`OPTIONS` declares them (their defaults are there)."""
+
+    ckpt: str
+    prompt: str
+    src: Optional[str]
+    strategy: str
+    max_new: int
+    beam_size: int
+    length_penalty: float
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    num_samples: int
+    device: str
+
+
 def parse(argv: list) -> GenerateConfig:
-    allowed = list(GenerateConfig.__dataclass_fields__)
-    given = key_values(argv, allowed, f"key=value with key one of {', '.join(allowed)}")
-    text = {k: given.pop(k) for k in RAW_TEXT if k in given}  # verbatim: '${...}' in a prompt is text, not a reference
-    try:
-        # OmegaConf converts and type-checks the other values
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GenerateConfig), given))
-    except Exception as e:  # noqa: BLE001 - OmegaConf type errors -> one line
-        key = getattr(e, "full_key", None)
-        raise registry.ConfigError((f"{key}: " if key else "") + str(e).splitlines()[0]) from None
-    for k, v in text.items():
-        setattr(cfg, k, v)
+    given, _ = OPTIONS.parse(argv)  # every value verbatim or typed: '${...}' in a prompt is text, not a reference
+    cfg = GenerateConfig(**given)
     if not cfg.ckpt:
-        raise registry.ConfigError("ckpt=<a .ckpt file or a run directory> is required")
-    if cfg.strategy not in STRATEGIES:
-        raise registry.ConfigError(
-            f"strategy={cfg.strategy}: allowed values are {', '.join(STRATEGIES)}.{registry.suggest(cfg.strategy, list(STRATEGIES))}"
-        )
+        raise missing(OPTIONS.options[0])
     import math
 
     for key, ok, allowed in (
@@ -86,10 +79,10 @@ def parse(argv: list) -> GenerateConfig:
     ):
         if not ok:
             raise registry.ConfigError(f"{key}={getattr(cfg, key)}: must be {allowed}")
-    unread = [k for k, strategies in STRATEGY_KEYS.items() if k in given and cfg.strategy not in strategies]
+    unread = [k for k, strategies in STRATEGY_KEYS.items() if k in given.given and cfg.strategy not in strategies]
     if unread:  # a setting the chosen strategy never reads would be ignored without a word
         k = unread[0]
-        raise registry.ConfigError(f"{k}={given[k]}: strategy={cfg.strategy} does not read it (it is for "
+        raise registry.ConfigError(f"{k}={given.given[k]}: strategy={cfg.strategy} does not read it (it is for "
                                    f"strategy={' or '.join(STRATEGY_KEYS[k])}); drop it or change strategy=")
     import torch
 
@@ -151,7 +144,7 @@ def generate_command(argv: list) -> None:
 
 
 def main(argv: Optional[list] = None) -> None:
-    command(__doc__, generate_command, argv)
+    command(__doc__, generate_command, argv, OPTIONS)
 
 
 if __name__ == "__main__":

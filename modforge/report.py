@@ -1,34 +1,5 @@
 """Summarise a sweep: ``python -m modforge.report <sweep dir> [key=value ...]``.
 
-  metric=val/loss        the metric to compare (any key of metrics.json's "val"); an unknown one lists those that exist
-  over=seed              keys whose runs are pooled into one configuration (comma-separated; empty: every job a row)
-  best=min|max           which direction is better (default: min for a metric named like a loss, bpc or ppl)
-  sort=best|name         row order: best first (default) or by the overrides
-  baseline=best          the configuration every other is compared with: best (default), first (first by name),
-                         or its overrides, e.g. baseline=norm=layer,residual=pre
-  level=0.95             confidence level of every interval, and of the family of comparisons as a whole
-  margin=M               the equivalence margin: a row whose simultaneous Δ interval lies inside ±M is
-                         "equivalent within ±M" (in the metric's units; none by default: no equivalence claimed)
-  at=flops:F|step:N      compare every run at the logged validation closest to F training FLOPs (each run's own
-                         FLOPs per step) or to step N, instead of at the end: arms at equal compute
-  collapse_tol=0.02      a finished run whose val/loss is not below its unigram model's by this much (nats)
-                         counts as collapsed, an outcome like diverged, not a result to average
-  study=declared|ignore  a sweep whose experiment declared a study: block is reported as it declared
-                         (question, metric, direction, baseline, the family of comparisons, margin, level;
-                         options given here override it, and the report says so); ignore: as a plain sweep
-  x=KEY                  also the metric along one swept key (e.g. x=optim.lr): a table with a line per combination
-                         of the other varying keys, each line's best value, flagged at the end of the sweep; and
-                         a plot (with out=), log-scaled where the values span more than 10x
-  panel=KEY              with x=: the lines split into panels by this key (e.g. panel=param)
-  by_position=val@N      also the loss at each position of the windows of N, as runs with eval_by_position=true
-                         recorded it: a table in ranges of positions and a plot (with out=), a line per configuration
-  where=k=v[,k2=v2]      only the jobs with these overrides (a slice of the sweep, e.g. where=model.n_layers=8)
-  tasks=apart|together   jobs of different tasks in separate tables (default), or in one, for a metric that means
-                         the same in each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)
-  format=md|csv|json     what is printed (default md)
-  out=DIR                also write DIR/report.md, report.csv, report.json and the plots (PNG and SVG; plots need
-                         the optional extra: pip install 'modforge[report]')
-
 Examples:
   python -m modforge.report multirun/<date>/<time>
   python -m modforge.report multirun/<date>/<time> baseline=norm=layer out=experiments/results/my_study
@@ -59,44 +30,59 @@ from math import isfinite, nan
 from pathlib import Path
 from typing import Optional
 
-from modforge.cli.command import command, given_twice
-from modforge.registry import suggest
+from modforge.cli.command import command
+from modforge.cli.options import Option, Options
 from modforge.results.jobs import STATUSES, ReportError, load_jobs, mark_collapsed, select, study_of
 from modforge.results.formats import to_csv, to_json, to_markdown
 from modforge.results.tables import build_tables
 
-OPTIONS = ("metric", "over", "sort", "best", "baseline", "level", "format", "out", "tasks", "where", "margin",
-           "collapse_tol", "study", "at", "x", "panel", "by_position")
+OPTIONS = Options("python -m modforge.report", (
+    Option("metric", "the metric to compare (any key of metrics.json's \"val\"); an unknown one lists those that "
+           "exist", "val/loss", metavar="name"),
+    Option("over", "keys whose runs are pooled into one configuration (comma-separated; empty: every job a row)",
+           "seed", metavar="keys"),
+    Option("best", "which direction is better (default: as the runs declare it, else min for a metric named like a "
+           "loss, bpc or ppl)",
+           type="choice", choices=("min", "max")),
+    Option("sort", "row order: best first, or by the overrides", "best", "choice", ("best", "name")),
+    Option("baseline", "the configuration every other is compared with: best, first (first by name), or its "
+           "overrides, e.g. baseline=norm=layer,residual=pre", "best", metavar="best|first|overrides"),
+    Option("level", "confidence level of every interval, and of the family of comparisons as a whole", "0.95",
+           metavar="number"),
+    Option("format", "what is printed", "md", "choice", ("md", "csv", "json")),
+    Option("out", "also write DIR/report.md, report.csv, report.json and the plots (PNG and SVG; plots need the "
+           "optional extra: pip install 'modforge[report]')", metavar="dir"),
+    Option("tasks", "jobs of different tasks in separate tables, or in one, for a metric that means the same in "
+           "each (val/exact_match of one pair task learnt by seq2seq, seq2seq_lm, transduce)", "apart", "choice",
+           ("apart", "together")),
+    Option("where", "only the jobs with these overrides (a slice of the sweep, e.g. where=model.n_layers=8)", "",
+           metavar="k=v[,k2=v2]"),
+    Option("margin", "the equivalence margin: a row whose simultaneous Δ interval lies inside ±M is \"equivalent "
+           "within ±M\" (in the metric's units; none by default: no equivalence claimed)", metavar="M"),
+    Option("collapse_tol", "a finished run whose val/loss is not below its unigram model's by this much (nats) "
+           "counts as collapsed, an outcome like diverged, not a result to average", "0.02", metavar="nats"),
+    Option("study", "a sweep whose experiment declared a study: block is reported as it declared (question, "
+           "metric, direction, baseline, the family of comparisons, margin, level; options given here override "
+           "it, and the report says so); ignore: as a plain sweep", "declared", "choice", ("declared", "ignore")),
+    Option("at", "compare every run at the logged validation closest to F training FLOPs (each run's own FLOPs per "
+           "step) or to step N, instead of at the end: arms at equal compute", metavar="flops:F|step:N"),
+    Option("x", "also the metric along one swept key (e.g. x=optim.lr): a table with a line per combination of the "
+           "other varying keys, each line's best value, flagged at the end of the sweep; and a plot (with out=), "
+           "log-scaled where the values span more than 10x", metavar="key"),
+    Option("panel", "with x=: the lines split into panels by this key (e.g. panel=param)", metavar="key"),
+    Option("by_position", "also the loss at each position of the windows of N, as runs with eval_by_position=true "
+           "recorded it: a table in ranges of positions and a plot (with out=), a line per configuration",
+           metavar="val@N"),
+), positional=Option("dir", "the sweep's directory, e.g. multirun/<date>/<time>", metavar="sweep directory"))
 
 
 def parse_args(argv: list[str]) -> dict:
-    if not argv or argv[0].split("=", 1)[0] in OPTIONS:
-        raise ReportError("name the sweep directory first: python -m modforge.report <sweep dir> [key=value ...] "
-                          "(python -m modforge.report --help)")
-    args = {"dir": argv[0], "metric": "val/loss", "over": "seed", "sort": "best", "best": None, "baseline": "best",
-            "level": "0.95", "format": "md", "out": None, "tasks": "apart", "where": "", "margin": None,
-            "collapse_tol": "0.02", "study": "declared", "at": None, "x": None, "panel": None,
-            "by_position": None}
-    given = set()
-    for a in argv[1:]:
-        key, eq, value = a.partition("=")
-        if not eq or key not in OPTIONS:
-            raise ReportError(f"unknown argument '{a}'.{suggest(key, list(OPTIONS))} Arguments: {', '.join(OPTIONS)}.")
-        if key in given:
-            raise given_twice(key, args[key], a)
-        args[key] = value
-        given.add(key)
-    args["given"] = given
-    if args["study"] not in ("declared", "ignore"):
-        raise ReportError(f"study={args['study']}: use study=declared or study=ignore")
+    values, _ = OPTIONS.parse(argv)
+    args = {**values, "given": set(values.given), "over_given": "over" in values.given}
     if args["out"] is not None and not args["out"].strip():
         raise ReportError("out=: an empty path; give the directory to write the report into, or leave out= out")
-    args["over_given"] = "over" in given
     if args["panel"] is not None and args["x"] is None:
         raise ReportError(f"panel={args['panel']}: panels split the lines of x=KEY; give x= too")
-    for key, allowed in (("sort", ("best", "name")), ("format", ("md", "csv", "json")), ("tasks", ("apart", "together"))):
-        if args[key] not in allowed:
-            raise ReportError(f"{key}={args[key]}: use {' or '.join(f'{key}={v}' for v in allowed)}")
     return check_numbers(args)
 
 
@@ -238,7 +224,7 @@ def report_command(argv: list) -> None:
         print(f"\nwrote {', '.join(written)} to {out}")
 
 def main(argv: Optional[list] = None) -> None:
-    command(__doc__, report_command, argv)
+    command(__doc__, report_command, argv, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -208,7 +208,7 @@ TRAIN = [
 ]
 
 GENERATE = [
-    (["prompt=hi"], "ckpt=<a .ckpt file"),
+    (["prompt=hi"], "ckpt=<run dir or .ckpt> is required"),
     (["ckpt=/nonexistent.ckpt"], "no checkpoint at /nonexistent.ckpt"),
     (["ckpt={crafted}"], "refused"),
     (["ckpt={garbage}"], "not a readable checkpoint"),
@@ -243,7 +243,7 @@ REPORT = [
     (["{sweep}", "level=2"], "level=2"),
     (["{sweep}", "over=sed"], "over=sed"),
     (["{sweep}", "baseline=x=1"], "baseline=x=1"),
-    (["{sweep}", "metrc=x"], "unknown argument 'metrc=x'"),
+    (["{sweep}", "metrc=x"], "'metrc=x': expected key=value"),
     (["{sweep}", "best=low"], "best=low"),
 ]
 

@@ -118,6 +118,10 @@ def test_a_resumed_run_is_validated_once(tmp_path, monkeypatch):
             "sample=false", "eval_at_start=false", "callbacks.progress=none"]
     main([*tiny, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"])
     assert calls == [2]
+    import torch
+
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert "RunRecord" in saved["callbacks"]  # the carried state's key as before its class was renamed: old runs resume
     calls.clear()
     main([f"resume={tmp_path / 'run'}", "trainer.max_steps=4", "trainer.limit_val_batches=1"])
     assert calls == [4]  # once, the resumed config (before: four times)

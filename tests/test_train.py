@@ -302,7 +302,7 @@ def test_generate_cli_from_checkpoint_with_each_strategy(tmp_path, capsys):
     assert capsys.readouterr().out == a  # a run directory names its checkpoints/last.ckpt
 
 
-@pytest.mark.parametrize("argv,msg", [(["prompt=hi"], "ckpt=<a .ckpt file"), (["ckpt=/nonexistent.ckpt"], "no checkpoint at /nonexistent.ckpt"),
+@pytest.mark.parametrize("argv,msg", [(["prompt=hi"], "ckpt=<run dir or .ckpt> is required"), (["ckpt=/nonexistent.ckpt"], "no checkpoint at /nonexistent.ckpt"),
                                       (["ckpt=x", "strategy=nucleus"], None), (["ckpt=x", "beam=3"], "beam_size")])
 def test_generate_cli_errors_are_one_line(argv, msg, capsys, tmp_path):
     from modforge import generate

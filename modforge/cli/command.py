@@ -3,7 +3,7 @@
 import contextlib
 import signal
 import sys
-from typing import Callable, Iterator, NoReturn, Optional, Sequence
+from typing import Callable, Iterator, NoReturn, Optional
 
 from modforge.registry import ModforgeError
 
@@ -29,40 +29,16 @@ def one_line_errors() -> Iterator[None]:
         fail(f"{e.filename}: {e.strerror or e}")
 
 
-def key_values(argv: list, allowed: Sequence[str], expected: str) -> dict:
-    """A command's ``key=value`` arguments as {key: value}. An argument without ``=`` or with a key not in
-    ``allowed`` is one ConfigError (``expected`` says what is; the nearest key suggested), and so is a key given
-    twice: which one was meant cannot be told, and the last one winning without a word hides the slip."""
-    from modforge.registry import ConfigError, suggest
-
-    given: dict = {}
-    for a in argv:
-        key, eq, value = a.partition("=")
-        key = key.lstrip("+")
-        if not eq or key not in allowed:
-            raise ConfigError(f"{a!r}: expected {expected}.{suggest(key, list(allowed))}")
-        if key in given:
-            raise given_twice(key, given[key], a)
-        given[key] = value
-    return given
-
-
-def given_twice(key: str, first: str, again: str) -> Exception:
-    """The refusal of a command's option given twice (every command says it alike)."""
-    from modforge.registry import ConfigError
-
-    return ConfigError(f"{key}= given twice ({key}={first}, then {again}): give it once")
-
-
 def wants_help(argv: list) -> bool:
     return any(a in ("-h", "--help") for a in argv)
 
 
-def command(doc: str, body: Callable[[list], None], argv: Optional[list] = None) -> None:
-    """Run ``body(argv)`` as a command: ``-h``/``--help`` prints ``doc``; a ModforgeError is one line, exit 2."""
+def command(doc: str, body: Callable[[list], None], argv: Optional[list] = None, options=None) -> None:
+    """Run ``body(argv)`` as a command: ``-h``/``--help`` prints ``doc`` and the block of ``options`` (a
+    :class:`~modforge.cli.options.Options`) generated from their declarations; a ModforgeError is one line, exit 2."""
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
-        print(doc)
+        print(doc.rstrip() + ("\n\n" + options.help() if options is not None else ""))
         return
     try:
         with one_line_errors():

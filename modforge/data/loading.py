@@ -17,7 +17,7 @@ pieces make the order of batches part of that state:
 The number of batches trained on is asked of the Trainer (``consumed``): the
 loader itself cannot know it, because Lightning fetches one batch ahead.
 The global RNG states (dropout) are the callback
-:class:`~modforge.run.callbacks.RunRecord`'s part of the checkpoint; a task's own
+:class:`~modforge.run.callbacks.CarriedState`'s part of the checkpoint; a task's own
 data generator (masking) is the task's.
 """
 import itertools

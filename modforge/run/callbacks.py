@@ -1,7 +1,7 @@
 """The callbacks every run has, for its integrity: what it carries across a resume, when it stops, how its
 checkpoints are written (what a run shows and logs is :mod:`modforge.run.monitoring`'s).
 
-* :class:`RunRecord`: timers, global RNG states and the step-0 loss, carried in every checkpoint so that a
+* :class:`CarriedState`: timers, global RNG states and the step-0 loss, carried in every checkpoint so that a
   resumed run continues bit for bit and reports times for the whole run;
 * :class:`DivergenceStop`: stops a run whose training loss stays non-finite, remembering the last finite values;
 * :class:`Checkpoints`: Lightning's ``ModelCheckpoint``, silent once a run has diverged;
@@ -24,7 +24,7 @@ from modforge.utils.files import atomic_file, remove_stale_temporaries
 from modforge.utils.seeds import rng_states, set_rng_states
 
 
-class RunRecord(L.Callback):
+class CarriedState(L.Callback):
     """What a run carries across a resume besides weights, optimizer, schedule and loops (Lightning's part).
 
     * time: ``train_seconds`` (first to last training batch, validation excluded: the denominator of
@@ -40,6 +40,10 @@ class RunRecord(L.Callback):
     """
 
     WARM_STEPS = 5  # the first steps of a session (allocation, first backward) are left out of the steady rate
+
+    @property
+    def state_key(self) -> str:
+        return "RunRecord"  # its key in checkpoints (its name before: checkpoints written then resume alike)
 
     def __init__(self, started: Optional[float] = None):
         self.started = time.perf_counter() if started is None else started  # this session's start

@@ -48,7 +48,7 @@ def epochs_trained(trainer: Any, dm: Any, tokens: int) -> Optional[float]:
 
 
 def steady_rate(record: Any, steps: int, tokens: int) -> Optional[float]:
-    """Tokens/s after the first steps of the last session (``RunRecord.warm``); None when it ran no more."""
+    """Tokens/s after the first steps of the last session (``CarriedState.warm``); None when it ran no more."""
     if record.warm is None or steps <= record.warm[0]:
         return None
     seconds = record.train_seconds - record.warm[1]

@@ -258,11 +258,11 @@ def build_trainer(cfg: DictConfig, plain: dict, out_dir: Path, in_place: bool, s
     from lightning.pytorch.callbacks import LearningRateMonitor
 
     from modforge.run.callbacks import (FAULT_ENV, AtomicCheckpointIO, Checkpoints, DivergenceStop, FaultInjector,
-                                        RunRecord, SaveOnPreemption)
+                                        CarriedState, SaveOnPreemption)
     from modforge.run.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers,
                                          progress_callbacks)
 
-    record = RunRecord(started=started)
+    record = CarriedState(started=started)
     divergence = DivergenceStop(cfg.divergence_patience)
     ckpt_cb = Checkpoints(divergence, dirpath=out_dir / "checkpoints", filename="best", monitor="val/loss",
                           mode="min", save_top_k=1, save_last=True, auto_insert_metric_name=False,
