@@ -9,15 +9,6 @@ and a ``budget``. The command measures this machine (a short run of each arm at 
 ``study.md`` (with ``report.json`` and the plots) in the study's directory. Re-running the same command continues
 where it stopped: finished runs are skipped, interrupted ones resume, nothing is decided twice.
 
-Options (the rest are overrides of the config, applied to every job):
-  experiment=NAME   the experiment whose study: block is run (required)
-  dir=PATH          the study's directory (default studies/<experiment>)
-  jobs=K            jobs side by side, each with its share of the cores, 1 to the cores here (default: the
-                    block's jobs, else 2 on a machine of 2 or more cores: measured faster here, docs/studies.md)
-  dry_run=true      measure and print the plan, run nothing else
-  force=true        start even when the plan could exceed study.budget
-  draws=1000        bootstrap draws for the ladder's fits
-
 Examples:
   python -m modforge.study experiment=norm_quick
   python -m modforge.study experiment=norm_quick dry_run=true
@@ -27,50 +18,29 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from modforge.cli.command import command, given_twice
+from modforge.cli.command import command
+from modforge.cli.options import Option, Options
 from modforge.errors import ConfigError
 
-OPTIONS = ("experiment", "dir", "jobs", "dry_run", "force", "draws")
 MAX_DRAWS = 1_000_000  # bootstrap draws at most
+OPTIONS = Options("python -m modforge.study", (
+    Option("experiment", "the experiment whose study: block is run", required=True, metavar="name"),
+    Option("dir", "the study's directory (default studies/<experiment>)", metavar="path"),
+    Option("jobs", "jobs side by side, each with its share of the cores, 1 to the cores here (default: the block's "
+           "jobs, else 2 on a machine of 2 or more cores: measured faster here, docs/studies.md)", type="int", low=1),
+    Option("dry_run", "measure and print the plan, run nothing else", False, "bool"),
+    Option("force", "start even when the plan could exceed study.budget", False, "bool"),
+    Option("draws", "bootstrap draws for the ladder's fits", 1000, "int", low=0, high=MAX_DRAWS),
+), rest="an override of the config, applied to every job")
 
 
 def parse(argv: list) -> tuple[dict, list]:
-    opts = {"experiment": None, "dir": None, "jobs": None, "dry_run": "false", "force": "false", "draws": "1000"}
-    given: set = set()
-    overrides = []
-    for a in argv:
-        key, eq, value = a.partition("=")
-        if not eq and a.startswith("~"):  # a deletion: an override of the config
-            overrides.append(a)
-            continue
-        if not eq:
-            raise ConfigError(f"{a}: arguments are key=value (python -m modforge.study --help)")
-        if key in OPTIONS:
-            if key in given:
-                raise given_twice(key, opts[key], a)
-            given.add(key)
-            opts[key] = value
-        else:
-            overrides.append(a)
-    if not opts["experiment"]:
-        raise ConfigError("experiment=: name the experiment whose study: block to run, e.g. experiment=norm_quick")
-    for key in ("dry_run", "force"):
-        if opts[key] not in ("true", "false"):
-            raise ConfigError(f"{key}={opts[key]}: true or false")
-        opts[key] = opts[key] == "true"
-    for key, lo in (("jobs", 1), ("draws", 0)):
-        v = opts[key]
-        if v is None:
-            continue
-        if not (v.isascii() and v.isdigit()) or (len(v) <= 7 and int(v) < lo):
-            raise ConfigError(f"{key}={v[:40]}: a whole number{' >= 1' if lo else ''}")
-        if len(v) > 7 or (key == "draws" and int(v) > MAX_DRAWS):  # (bounded before Python reads a huge int)
-            if key == "jobs":
-                from modforge.studies.design import check_jobs
+    """The options and the overrides of the config (every other key=value, and ~key)."""
+    opts, overrides = OPTIONS.parse(argv)
+    if opts["jobs"] is not None:  # bounded by the cores, in the design's words, before anything is read
+        from modforge.studies.design import check_jobs
 
-                check_jobs("jobs", 10 ** 7, shown=v[:40])  # jobs= is bounded by the cores, in the design's words
-            raise ConfigError(f"draws={v[:40]}: a whole number from 0 to {MAX_DRAWS:,}")
-        opts[key] = int(v)
+        check_jobs("jobs", opts["jobs"], shown=opts.given["jobs"][:40])
     return opts, overrides
 
 
@@ -78,7 +48,7 @@ def study_command(argv: list) -> None:
     from omegaconf import OmegaConf
 
     from modforge.config.composition import compose_job, load, preset_options
-    from modforge.studies import runner, writeup
+    from modforge.studies import rounds, runner, writeup
     from modforge.studies.design import design_of
     from modforge.studies.stages import StageClock, owned_log, probe, write_log
 
@@ -120,8 +90,8 @@ def study_command(argv: list) -> None:
         if opts["dry_run"]:
             print("[study] dry run: nothing else runs")
             return
-        tuned = runner.tune(d, study_dir, plan, clock)
-        compared = runner.compare(d, study_dir, plan, tuned["chosen"], clock)
+        tuned = rounds.tune(d, study_dir, plan, clock)
+        compared = rounds.compare(d, study_dir, plan, tuned["chosen"], clock, tuned["fits"])
     finally:
         write_log(study_dir, state)
     rec = writeup.gather(d, p, plan, tuned, compared, state, opts["draws"])
@@ -152,7 +122,7 @@ def stoppable(argv: list) -> None:
 
 
 def main(argv: Optional[list] = None) -> None:
-    command(__doc__, stoppable, argv)
+    command(__doc__, stoppable, argv, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ HYPOTHESES = {"question": "the question, in words", "metric": "a val metric, e.g
               "margin": "the equivalence margin, a positive number in the metric's units",
               "level": "the family's confidence level in [0.5, 1)",
               "collapse_tol": "nats >= 0: a final val/loss this close to the unigram model's is a collapse"}
-DESIGN = {"tune": "a mapping: params ({key: [values]}, every arm alike), seeds (a list of integers), extend "
-                  "(grid steps added past an edge optimum, an integer >= 0), cliff ({key: a tuned key, by: a number >= 0}: "
-                  "a best setting whose next-larger neighbour along key failed or is worse by more than by is "
-                  "replaced by its next-smaller one; with within: w, only when that one is within w of the best)",
+DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, every arm alike), seeds (a list of "
+                  "integers), extend (grid steps added past an edge optimum, an integer >= 0), rule (fit: a curve "
+                  "fitted along key, with spike, fail_level and basin; or best: the best mean, with cliff: "
+                  "{key, by, within})",
           "seeds": "a mapping of integers: min (>= 3), max (>= min), step (>= 1), start (the first fresh seed, "
                    "above every tuning seed)",
           "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
@@ -114,14 +114,16 @@ def _seeds(value: Any, bad) -> dict:
     return s
 
 
+TUNE_KEYS = ("params", "seeds", "extend", "cliff", "rule", "key", "spike", "fail_level", "basin")
+
+
 def _tune(value: Any, bad) -> dict:
-    if not (isinstance(value, dict) and set(value) <= {"params", "seeds", "extend", "cliff"} and "params" in value):
+    if not (isinstance(value, dict) and set(value) <= set(TUNE_KEYS) and "params" in value):
         raise bad()
     params = value["params"]
-    if not (isinstance(params, dict) and params and all(_spec(f"{k}=x") and isinstance(v, (list, tuple)) and v and
-                                                         all(isinstance(x, (int, float, str)) for x in v)
-                                                         for k, v in params.items())):
+    if not (isinstance(params, dict) and params and all(_spec(f"{k}=x") for k in params)):
         raise bad()
+    grid = {str(k): _values(str(k), v) for k, v in params.items()}
     seeds = value.get("seeds", [1])
     if not (isinstance(seeds, (list, tuple)) and seeds and all(_integer(s) and s >= 0 for s in seeds)
             and len(set(seeds)) == len(seeds)):
@@ -134,10 +136,55 @@ def _tune(value: Any, bad) -> dict:
                                   and cliff["key"] in params and all(_number(cliff[k]) and cliff[k] >= 0
                                                                      for k in ("by", "within") if k in cliff)):
         raise bad()
-    out = {"params": {str(k): list(v) for k, v in params.items()}, "seeds": list(seeds), "extend": extend}
-    if cliff is None:
-        return out
-    return {**out, "cliff": {"key": str(cliff["key"]), **{k: float(cliff[k]) for k in ("by", "within") if k in cliff}}}
+    out = {"params": grid, "seeds": list(seeds), "extend": extend}
+    if cliff is not None:
+        out["cliff"] = {"key": str(cliff["key"]), **{k: float(cliff[k]) for k in ("by", "within") if k in cliff}}
+    rates = [k for k in grid if k.split(".")[-1].endswith("lr")]
+    key = value.get("key", rates[0] if len(rates) == 1 else None)
+    fittable = key in grid and len([v for v in grid[key] if _number(v) and v > 0]) >= 3
+    rule = value.get("rule", "fit" if cliff is None and fittable else "best")
+    if rule not in ("fit", "best"):
+        raise ConfigError(f"study.tune.rule={rule!r}: fit (each arm's rate from a fitted curve, clear of the edge of "
+                          "stability) or best (the best mean, then the cliff rule: configs from before)")
+    if rule == "fit" and cliff is not None:
+        raise ConfigError("study.tune.cliff: the cliff rule goes with rule: best; rule: fit moves a rate down by "
+                          "its failure model (study.tune.fail_level) instead")
+    out["rule"] = rule
+    for opt, ok, what in (("spike", lambda v: v > 0, "a positive number in the metric's units: a run this far "
+                           "above another seed at its rate has spiked (default 0.1)"),
+                          ("fail_level", lambda v: 0 < v < 0.5, "the failure probability a chosen rate may have, in "
+                           "(0, 0.5) (default 0.05)"),
+                          ("basin", lambda v: v > 0, "a positive number in the metric's units: the basin holds the "
+                           "rates within it of the fitted minimum (default: the margin, else 0.02)")):
+        if opt in value:
+            if not (_number(value[opt]) and ok(value[opt])):
+                raise ConfigError(f"study.tune.{opt}={value[opt]!r}: {what}")
+            if rule != "fit":
+                raise ConfigError(f"study.tune.{opt}: a setting of rule: fit (this block's rule is {rule})")
+            out[opt] = float(value[opt])
+    if rule == "fit":
+        if not fittable:
+            raise ConfigError(f"study.tune.key={key!r}: rule: fit fits a curve along one tuned key, a rate of at "
+                              f"least three positive values in study.tune.params (name it with key: when the grid "
+                              f"has {'none' if not rates else 'several'} ending in lr)")
+        out["key"] = str(key)
+    return out
+
+
+def _values(key: str, v: Any) -> list:
+    """A grid's values: a list, or for a rate ``{from: a, to: b, points: n}``, n rates spaced evenly in log from a
+    to b (four significant digits)."""
+    if isinstance(v, dict):
+        if not (set(v) == {"from", "to", "points"} and _number(v["from"]) and _number(v["to"]) and
+                0 < v["from"] < v["to"] and _integer(v["points"]) and 3 <= v["points"] <= 64):
+            raise ConfigError(f"study.tune.params.{key}={v!r}: a list of values, or {{from: a, to: b, points: n}} "
+                              "with 0 < a < b and 3 <= n <= 64 (n rates evenly spaced in log)")
+        a, b, n = float(v["from"]), float(v["to"]), int(v["points"])
+        return [float(f"{a * (b / a) ** (i / (n - 1)):.4g}") for i in range(n)]
+    if not (isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float, str)) for x in v)):
+        raise ConfigError(f"study.tune.params.{key}={v!r}: a list of values, or {{from: a, to: b, points: n}} (a "
+                          "rate's log-spaced grid)")
+    return list(v)
 
 
 def _as_spec(arm: dict) -> Any:

@@ -187,9 +187,11 @@ def minimum_detectable(se: float, df: float, alpha: float, power: float = POWER)
 
 
 def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool = True,
-            span: float = math.inf) -> Comparison:
+            span: float = math.inf, extra_var: float = 0.0) -> Comparison:
     """``mean(x) - mean(y)`` for two arms given as {seed: value}: over their shared seeds (``paired``) or
-    Welch's (every run of each). ``span``: the metric's range (high - low); the interval stays inside ±span."""
+    Welch's (every run of each). ``span``: the metric's range (high - low); the interval stays inside ±span.
+    ``extra_var``: a variance the seeds cannot show, added to the estimate's (a study's: how much the arms'
+    losses move when their learning rates are tuned again, :mod:`modforge.studies.lrfit`)."""
     family = max(1, family)
     x = {k: v for k, v in x.items() if math.isfinite(v)}
     y = {k: v for k, v in y.items() if math.isfinite(v)}
@@ -205,7 +207,7 @@ def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool
         if sd == 0:
             c.why = f"all {n} differences equal ({c.estimate:+.4g}): no spread to judge them by"
             return c
-        c.se, c.df = sd / math.sqrt(n), n - 1
+        c.se, c.df = math.sqrt(sd * sd / n + extra_var), n - 1
         xs, ys = [x[k] for k in keys], [y[k] for k in keys]
         vx, vy = statistics.variance(xs), statistics.variance(ys)
         if vx > 0 and vy > 0:
@@ -223,8 +225,8 @@ def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool
         if vx + vy == 0:
             c.why = "every run of both arms equal: no spread to judge the difference by"
             return c
-        c.se = math.sqrt(vx + vy)
         c.df = (vx + vy) ** 2 / (vx ** 2 / (nx - 1) + vy ** 2 / (ny - 1))
+        c.se = math.sqrt(vx + vy + extra_var)
     st = _t()
     half = float(st.t.ppf(1 - c.alpha / 2, c.df)) * c.se
     c.low, c.high = max(c.estimate - half, -span), min(c.estimate + half, span)

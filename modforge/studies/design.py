@@ -7,7 +7,7 @@ from typing import Optional
 
 from modforge.config.study import check_study
 from modforge.errors import ConfigError
-from modforge.studies import sequential, tuning
+from modforge.studies import lrfit, sequential, tuning
 
 
 @dataclass
@@ -37,6 +37,20 @@ class Design:
     @property
     def cliff(self) -> Optional[dict]:
         return (self.study.get("tune") or {}).get("cliff")
+
+    @property
+    def rule(self) -> str:
+        """How each arm's setting is chosen: fit (:mod:`modforge.studies.lrfit`) or best (the best mean, then the
+        cliff rule: :mod:`modforge.studies.tuning`)."""
+        return (self.study.get("tune") or {}).get("rule", "best" if self.cliff else "fit")
+
+    @property
+    def fit(self) -> dict:
+        """rule: fit's settings: key (the rate fitted in log2), spike, fail_level, basin."""
+        t = self.study.get("tune") or {}
+        return {"key": t.get("key", "optim.lr"), "spike": t.get("spike", lrfit.SPIKE),
+                "fail_level": t.get("fail_level", lrfit.FAIL_LEVEL),
+                "delta": t.get("basin", self.margin if self.margin is not None else 0.02)}
 
     @property
     def metric(self) -> str:

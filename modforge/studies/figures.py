@@ -34,8 +34,10 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
     def x_of(v) -> float:  # a name (a scheduler, a norm) is placed at its position in the grid
         return _num(v) if numeric else float(values.index(v))
 
-    fig, axes = plt.subplots(1, len(rungs), figsize=(5.5 * len(rungs), 4), dpi=120, squeeze=False)
-    for ax, rung in zip(axes[0], rungs):
+    fits = rec.get("fits") or []
+    fig, axes = plt.subplots(2 if fits else 1, len(rungs), figsize=(5.5 * len(rungs), 7.5 if fits else 4), dpi=120,
+                             squeeze=False, gridspec_kw={"height_ratios": [2, 1]} if fits else None)
+    for col, (ax, rung) in enumerate(zip(axes[0], rungs)):
         failed: dict = {}
         for i, arm in enumerate(d.arms):
             mine = sorted([r for r in rows if r["rung"] == rung and r["arm"] == arm],
@@ -51,6 +53,9 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
                            s=8, color=line.get_color(), alpha=0.4)
                 if r["chosen"]:
                     ax.scatter([x], [r["mean"]], s=160, marker="*", color=line.get_color(), zorder=5)
+            fit = next((f for f in fits if f["arm"] == arm and f["rung"] == rung), None)
+            if fit is not None:
+                _draw_fit(ax, axes[1][col], fit, line.get_color())
         top = ax.get_ylim()[1]
         for color, xs in failed.items():  # a setting with a failed run (diverged, collapsed): an x at the top
             ax.scatter(xs, [top] * len(xs), marker="x", s=50, color=color, clip_on=False)
@@ -64,10 +69,41 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(key + (" (other keys at each arm's choice)" if len(d.grid) > 1 else ""))
         ax.set_ylabel(d.metric)
-        ax.set_title(f"tuning at {rung or 'the config'} (★ chosen)", fontsize=9)
+        ax.set_title(f"tuning at {rung or 'the config'} (★ chosen" + ("; dashed: the fitted valley, band: its basin"
+                                                                     if fits else "") + ")", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below the axes, off the curves
     return _save(fig, out, "tuning.png")
+
+
+def _draw_fit(ax, fax, fit: dict, color: str) -> None:
+    """rule: fit: the valley over the rates it was fitted on, the basin as a band, the chosen rate as a star on the
+    curve; below, the failure model: each run's failure (1: diverged or collapsed, a spike's weight) and the
+    fitted probability."""
+    v = fit["valley"]
+    lo, hi = v["window"]
+    if math.isfinite(v["a"]) and lo > 0 and hi > lo:
+        xs = [lo * (hi / lo) ** (k / 40) for k in range(41)]
+        ax.plot(xs, [v["m"] + v["a"] * (math.log2(x) - v["c"]) ** 2 for x in xs], color=color, linestyle=(0, (2, 2)),
+                linewidth=1)
+    if all(math.isfinite(b) and b > 0 for b in fit["basin"]):
+        ax.axvspan(*fit["basin"], color=color, alpha=0.08)
+    if math.isfinite(fit["at_lr"]):
+        ax.scatter([fit["lr"]], [fit["at_lr"]], s=200, marker="*", color=color, edgecolor="black", zorder=6)
+    runs = [r for r in fit["runs"] if r[0] > 0]
+    fax.scatter([r[0] for r in runs], [1.0 if r[2] == "failed" else r[3] for r in runs], s=14, color=color, alpha=0.6)
+    m = fit["failure_model"]
+    if runs and math.isfinite(m["beta"]) and m["x0_lr"] > 0:
+        a, b = min(r[0] for r in runs) / 2, max(r[0] for r in runs) * 2
+        xs = [a * (b / a) ** (k / 60) for k in range(61)]
+        fax.plot(xs, [1 / (1 + math.exp(-m["beta"] * (math.log2(x) - math.log2(m["x0_lr"])))) for x in xs],
+                 color=color, linewidth=1)
+    fax.axvline(fit["lr"], color=color, linewidth=0.8, alpha=0.6)
+    fax.set_xscale("log")
+    fax.set_ylim(-0.05, 1.05)
+    fax.set_ylabel("failure (1) or spike weight", fontsize=8)
+    fax.set_title("failure model: a logistic in log2(rate), slope shared", fontsize=8)
+    fax.grid(alpha=0.3)
 
 
 def ladder_plot(d: Design, rec: dict, out: Path) -> list:

@@ -11,7 +11,8 @@ Directory (``studies/<experiment>`` unless ``dir=``)::
     study.md, report.json, tuning.png, ladder.png   the report (:mod:`modforge.studies.writeup`)
 
 Every stage is a sweep whose jobs are decided once and kept (``cells.json``): re-running the command skips what
-ended, resumes what was cut short, and decides nothing twice.
+ended, resumes what was cut short, and decides nothing twice. Here: the plan, the budget and the checks before
+any run; the two stages' rounds are :mod:`modforge.studies.rounds`'.
 """
 import math
 from dataclasses import dataclass, field
@@ -19,9 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from modforge.errors import ConfigError
-from modforge.studies import sequential, tuning
+from modforge.studies import tuning
 from modforge.studies.design import Design
-from modforge.studies.stages import Cell, StageClock, read_stage, run_seconds, run_stage, stage_cells
+from modforge.studies.stages import run_seconds
 
 
 @dataclass
@@ -155,129 +156,6 @@ def check_budget(d: Design, plan: Plan, force: bool) -> Optional[str]:
         return msg
     raise ConfigError(f"{msg}; lower study.seeds.max or study.tune.extend, shrink the grid or the ladder, raise the "
                       "budget, or start with force=true")
-
-
-def cell(d: Design, plan: Plan, arm: str, rung: str, setting: dict, seed: int) -> Cell:
-    ov = {**d.arms[arm], **d.rungs[rung], **setting, "trainer.max_steps": plan.steps[(arm, rung)], "seed": seed}
-    if plan.val_every[(arm, rung)] is not None:
-        ov["trainer.val_check_interval"] = plan.val_every[(arm, rung)]
-    return Cell(arm, rung, tuning.key_of(setting), seed, ov)
-
-
-def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
-    """Stage one. -> {"chosen": {(arm, rung): setting | None}, "curves": {(arm, rung): {key: [values]}},
-    "edges": {(arm, rung): {key: side}}, "grids": ..., "settings": {key: setting}, "transferred": bool}."""
-    if not d.grid:
-        return {"chosen": {(a, r): {} for a in d.arms for r in d.rungs}, "curves": {}, "edges": {}, "grids": {},
-                "settings": {}, "runs": 0, "devices": []}
-    grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs}
-    curves: dict = {k: {} for k in grids}
-    known: dict = {}
-    devices: list = []  # each finished tuning run's metrics.json "devices": what it ran on
-    runs = 0
-
-    def absorb(stage: Path, cells: list) -> None:
-        nonlocal runs
-        for c in cells:
-            s = {k: c.overrides[k] for k in d.grid}
-            known[c.setting] = s
-            for k, v in s.items():
-                g = grids[(c.arm, c.rung)][k]
-                if not any(tuning._same(v, x) for x in g):
-                    g.append(v)
-        for res in read_stage(d, stage, cells):
-            c = res["cell"]
-            curves[(c.arm, c.rung)].setdefault(c.setting, []).append(res["value"])
-            devices.append(res["metrics"].get("devices"))
-            runs += 1
-
-    first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms for s in tuning.settings(d.grid)
-             for seed in d.tune_seeds]
-    stage = study_dir / "tune" / "round-0"
-    cells = stage_cells(stage, lambda: first)
-    run_stage(d, stage, cells, d.jobs, clock)
-    absorb(stage, cells)
-    for i in range(1, d.extend + 1):
-        def more() -> list:
-            out = []
-            for (a, r), results in curves.items():
-                best = tuning.choose(results, d.better, known, d.cliff)
-                if best is None:
-                    continue
-                for k, side in tuning.edges(known[best], grids[(a, r)]).items():
-                    v = tuning.beyond(grids[(a, r)][k], side)
-                    if v is not None and not any(tuning._same(v, x) for x in grids[(a, r)][k]):
-                        out += [cell(d, plan, a, r, {**known[best], k: v}, seed) for seed in d.tune_seeds]
-            return out
-
-        stage = study_dir / "tune" / f"extend-{i}"
-        cells = stage_cells(stage, more)
-        if not cells:
-            break
-        run_stage(d, stage, cells, d.jobs, clock)
-        absorb(stage, cells)
-    chosen, edge, moved = {}, {}, {}
-    for (a, r), results in curves.items():
-        best = tuning.choose(results, d.better, known, d.cliff)
-        plain = tuning.choose(results, d.better)
-        if best is not None and plain != best:
-            moved[(a, r)] = known[plain]  # the cliff rule stepped down from this best mean
-        chosen[(a, r)] = None if best is None else known[best]
-        edge[(a, r)] = {} if best is None else tuning.edges(known[best], grids[(a, r)])
-    small = d.tuned_rungs[0]
-    for r in d.rungs:
-        if r in d.tuned_rungs:
-            continue
-        rule = tuning.TRANSFER[d.transfer]
-        for a in d.arms:
-            got = chosen[(a, small)]
-            chosen[(a, r)] = None if got is None else rule(got, d.rungs[small], d.rungs[r],
-                                                           d.study.get("width_key", "model.d_model"))
-    return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs,
-            "moved": moved, "devices": devices}
-
-
-def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageClock) -> dict:
-    """Stage two: fresh seeds, looks at the planned numbers of pairs, more seeds only where a comparison is open.
-    -> {"values": {(arm, rung): {seed: value}}, "results": [...], "decisions": {(arm, rung): Decision | str},
-    "rounds": [[(arm, rung), ...] per round], "runs": n}."""
-    values: dict = {(a, r): {} for a in d.arms for r in d.rungs}
-    results: list = []
-    decisions: dict = {}
-    for r in d.rungs:
-        if chosen.get((d.baseline, r), {}) is None:
-            for a in d.compared:
-                decisions[(a, r)] = "the baseline has no setting that trained (every tuning run diverged or collapsed)"
-        for a in d.compared:
-            if chosen.get((a, r), {}) is None and (a, r) not in decisions:
-                decisions[(a, r)] = "no setting that trained (every tuning run diverged or collapsed)"
-    rounds = []
-    have = 0
-    span = math.inf
-    for j, n in enumerate(d.looks):
-        open_ = [(a, r) for r in d.rungs for a in d.compared if (a, r) not in decisions or
-                 (not isinstance(decisions[(a, r)], str) and not decisions[(a, r)].final)]
-        if not open_:
-            break
-        todo = sorted({*open_, *((d.baseline, r) for _, r in open_)},
-                      key=lambda k: (list(d.rungs).index(k[1]), list(d.arms).index(k[0])))
-        seeds = range(d.seeds["start"] + have, d.seeds["start"] + n)
-        stage = study_dir / "compare" / f"round-{j + 1}"
-        cells = stage_cells(stage, lambda: [cell(d, plan, a, r, chosen[(a, r)], s) for (a, r) in todo for s in seeds])
-        run_stage(d, stage, cells, d.jobs, clock)
-        for res in read_stage(d, stage, cells):
-            c = res["cell"]
-            values[(c.arm, c.rung)][c.seed] = res["value"]
-            results.append(res)
-            info = (res["metrics"].get("metric_info") or {}).get(d.metric) or {}
-            if info.get("low") is not None and info.get("high") is not None:
-                span = float(info["high"]) - float(info["low"])
-        rounds.append(sorted({(c.arm, c.rung) for c in cells}))
-        have = n
-        for a, r in open_:
-            decisions[(a, r)] = sequential.decide(values[(a, r)], values[(d.baseline, r)], d.looks, d.level,
-                                                  d.family, d.better, d.margin, span, look=j)
-    return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results)}
 
 
 def check_cells_compose(d: Design) -> None:

@@ -64,16 +64,17 @@ class Decision:
 
 def decide(x: dict, y: dict, planned: list[int], level: float, family: int, better: str = "min",
            margin: Optional[float] = None, span: float = math.inf, explain: bool = True,
-           look: Optional[int] = None) -> Decision:
+           look: Optional[int] = None, extra_var: float = 0.0) -> Decision:
     """The verdict of ``x - y`` (each {seed: value}) at planned look ``look`` (its index; None: the look its
     number of shared seeds has reached). The interval is at the level that look may spend: (1 - level) spent
     over the looks, shared by ``family``. A study passes its round's look, so that each look's alpha is spent
     once even when failed runs left fewer pairs than planned; at the last look what is not decided is
-    inconclusive."""
+    inconclusive. ``extra_var``: the variance of the difference that the arms' tuning adds (both arms'
+    ``tuning_sd`` squared, :mod:`modforge.studies.lrfit`), added to the seeds' in the interval."""
     n = len(set(k for k, v in x.items() if math.isfinite(v)) & set(k for k, v in y.items() if math.isfinite(v)))
     j = max(look_of(n, planned), 0) if look is None else look
     alpha_j = spent(level, planned)[j]
-    c = stats.compare(x, y, level=1 - alpha_j, family=family, paired=True, span=span)
+    c = stats.compare(x, y, level=1 - alpha_j, family=family, paired=True, span=span, extra_var=extra_var)
     at_last = j == len(planned) - 1
     decided = c.decided and (c.low > 0 or c.high < 0 or (margin is not None and -margin < c.low and c.high < margin))
     if not (decided or at_last):  # no verdict yet, and more seeds may come: the MDE is not worth computing

@@ -180,7 +180,9 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
     results = read_stage(d, stage_dir, cells)
     if all(r["status"] in ("finished", "collapsed", "diverged") for r in results):
         return
-    overrides = [f"experiment={d.experiment}", *d.overrides, f"hydra.sweep.dir={hydra_value(str(stage_dir))}",
+    pace = ("study.budget", "study.jobs")  # a sitting's own (check_same_study ignores them): not in a job's name
+    given = [o for o in d.overrides if not o.lstrip("+~").startswith(pace)]
+    overrides = [f"experiment={d.experiment}", *given, f"hydra.sweep.dir={hydra_value(str(stage_dir))}",
                  "hydra.sweeper.params=null", f"hydra.sweeper.cells={cells_argument(cells)}"]
     if jobs > 1:
         overrides += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]

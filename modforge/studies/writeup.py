@@ -8,7 +8,7 @@ from pathlib import Path
 
 from modforge.results import jobs, stats
 from modforge.results.formats import fmt_count, markdown_table
-from modforge.studies import ladder, sequential, tuning
+from modforge.studies import ladder, lrfit, sequential, tuning
 from modforge.studies.design import Design
 from modforge.utils.files import write_json, write_text
 
@@ -49,7 +49,11 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                 continue
             c = dec.comparison
             n_base, n_all = bad[(d.baseline, r)], bad[(a, r)]
+            fits = tuned.get("fits") or {}
+            tuning_sd = math.sqrt(sum(fits[k].valley.tuning_sd ** 2 for k in ((a, r), (d.baseline, r))
+                                      if k in fits and fits[k].setting is not None))
             verdicts.append({"arm": a, "rung": r, "verdict": dec.word, "why": dec.why, "estimate": c.estimate,
+                             "tuning_sd": tuning_sd,
                              "low": c.low, "high": c.high, "level": 1 - c.alpha, "pairs": c.n, "look": dec.look + 1,
                              "p": c.p, "p_adjusted": c.p_adjusted, "mde": c.mde if dec.word == "inconclusive" else math.nan,
                              "corr": c.corr, "outcome_p": stats.fisher(n_all[0], n_all[1], n_base[0], n_base[1])})
@@ -57,7 +61,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
     out = {"experiment": d.experiment, "question": d.study.get("question"), "declared": d.study,
            "overrides": d.overrides, "metric": d.metric, "better": d.better, "level": d.level, "margin": d.margin,
            "family": d.family, "looks": planned, "alpha_per_look": spent, "arms": arms_rows, "verdicts": verdicts,
-           "tuning": tuning_record(d, tuned), "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
+           "tuning": tuning_record(d, tuned), "fits": fits_record(d, tuned), "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
                                                         "compare_fixed_design": fixed_runs,
                                                         "rounds": [[f"{a} @ {r or 'the config'}" for a, r in rnd]
                                                                    for rnd in compared["rounds"]]},
@@ -122,6 +126,35 @@ def tuning_record(d: Design, tuned: dict) -> list:
                          "edge": tuned["edges"].get((a, r)) if tuned["chosen"].get((a, r)) == tuned["settings"][key] else None,
                          "best_below_cliff": tuned.get("moved", {}).get((a, r)) == tuned["settings"][key]})
     return rows
+
+
+def fit_section(d: Design, rec: dict) -> list:
+    """rule: fit: each arm's chosen rate, its interval over re-tunings, its basin and its failure model, as a
+    table (the learning-rate sensitivity: a narrow basin is a finding of its own)."""
+    if not rec.get("fits"):
+        return []
+    head = ["rung", "arm", f"chosen {d.fit['key']}", "95% over re-tunings", f"basin (within {d.fit['delta']:g})",
+            "basin width", "fitted minimum", "P(failure) there", "tuning sd", ""]
+    body = []
+    for f in rec["fits"]:
+        notes = [n for n in ("carried up from the smallest rung" if f["carried"] else "",
+                             "moved down by the failure model" if f["moved"] else "",
+                             f"unbracketed ({f['edge']} end)" if not f["bracketed"] else "",
+                             "no stable rate" if not f["stable"] else "", f["note"]) if n]
+        body.append([f["rung"] or "—", f["arm"], f"{f['lr']:.4g}", f"{f['low']:.4g} – {f['high']:.4g}",
+                     f"{f['basin'][0]:.4g} – {f['basin'][1]:.4g}", f"{f['basin_width']:.2f}x",
+                     f"{f['minimum']:.4f}", f"{f['p_fail']:.3f}", f"{f['tuning_sd']:.4f}", "; ".join(notes)])
+    return ["", f"Each arm's `{d.fit['key']}` (rule: fit, docs/studies.md): a quadratic in log2 of the rate through "
+            "the best rate and its neighbours (spikes down-weighted), its argmin moved down where the failure model "
+            f"(diverged, collapsed or spiked runs against log2 of the rate) puts failure above {d.fit['fail_level']:g}; "
+            "the tuning sd (the loss's sd over re-tunings) is added to each comparison's interval.", "",
+            markdown_table(head, body)]
+
+
+def fits_record(d: Design, tuned: dict) -> list:
+    """rule: fit: each arm-rung's fitted curve, basin, chosen rate and failure model (:func:`lrfit.record`)."""
+    return [{"arm": a, "rung": r, **lrfit.record(ch, d.fit["key"], d.better, carried=r not in d.tuned_rungs)}
+            for (a, r), ch in (tuned.get("fits") or {}).items()]
 
 
 def ladder_record(d: Design, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
@@ -207,6 +240,9 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                         "failed), the next-smaller is chosen"
                         + (f" if within {d.cliff['within']:g} of the best" if "within" in d.cliff else "")
                         if d.cliff else "")
+                     + (f"; each arm's `{d.fit['key']}` from a curve fitted to its runs (rule: fit; a spike: "
+                        f"{d.fit['spike']:g} above another seed; failure level {d.fit['fail_level']:g}; basin within "
+                        f"{d.fit['delta']:g} of the fitted minimum)" if d.rule == "fit" else "")
                      + (f"; tuned at the smallest rung, carried up by `transfer: {d.transfer}`." if d.transfer else "; "
                         "tuned at every rung."))
     if len(d.rungs) > 1 or "tokens_per_param" in s:
@@ -243,6 +279,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                      "failed) gives way to its next-smaller one"
                      + (f", if that one is within {d.cliff['within']:g} of it" if "within" in d.cliff else "")
                      + " (the cliff rule, declared with the grid)." if d.cliff else "")]
+        lines += fit_section(d, rec)
         if "tuning.png" in plots:
             lines += ["", "![tuning curves](tuning.png)"]
     lines += ["", "## Verdicts", ""]

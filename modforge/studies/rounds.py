@@ -1,0 +1,207 @@
+"""A study's two stages, round by round: tuning (every arm alike on the grid, extended past edge optima; each
+arm's setting chosen by the fit rule, :mod:`modforge.studies.lrfit`, or the best-mean rule,
+:mod:`modforge.studies.tuning`) and comparison (fresh seeds, looks, more seeds only where a comparison is open,
+:mod:`modforge.studies.sequential`)."""
+import math
+from pathlib import Path
+from typing import Optional
+
+from modforge.studies import lrfit, sequential, tuning
+from modforge.studies.design import Design
+from modforge.studies.runner import Plan
+from modforge.studies.stages import Cell, StageClock, read_stage, run_stage, stage_cells
+
+
+def cell(d: Design, plan: Plan, arm: str, rung: str, setting: dict, seed: int) -> Cell:
+    ov = {**d.arms[arm], **d.rungs[rung], **setting, "trainer.max_steps": plan.steps[(arm, rung)], "seed": seed}
+    if plan.val_every[(arm, rung)] is not None:
+        ov["trainer.val_check_interval"] = plan.val_every[(arm, rung)]
+    return Cell(arm, rung, tuning.key_of(setting), seed, ov)
+
+
+def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
+    """Stage one. -> {"chosen": {(arm, rung): setting | None}, "curves": {(arm, rung): {key: [values]}},
+    "edges": {(arm, rung): {key: side}}, "grids": ..., "settings": {key: setting}, "transferred": bool}."""
+    if not d.grid:
+        return {"chosen": {(a, r): {} for a in d.arms for r in d.rungs}, "curves": {}, "edges": {}, "grids": {},
+                "settings": {}, "runs": 0, "devices": [], "fits": {}}
+    grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs}
+    curves: dict = {k: {} for k in grids}
+    known: dict = {}
+    devices: list = []  # each finished tuning run's metrics.json "devices": what it ran on
+    runs = 0
+
+    def absorb(stage: Path, cells: list) -> None:
+        nonlocal runs
+        for c in cells:
+            s = {k: c.overrides[k] for k in d.grid}
+            known[c.setting] = s
+            for k, v in s.items():
+                g = grids[(c.arm, c.rung)][k]
+                if not any(tuning._same(v, x) for x in g):
+                    g.append(v)
+        for res in read_stage(d, stage, cells):
+            c = res["cell"]
+            curves[(c.arm, c.rung)].setdefault(c.setting, []).append(res["value"])
+            devices.append(res["metrics"].get("devices"))
+            runs += 1
+
+    first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms for s in tuning.settings(d.grid)
+             for seed in d.tune_seeds]
+    stage = study_dir / "tune" / "round-0"
+    cells = stage_cells(stage, lambda: first)
+    run_stage(d, stage, cells, d.jobs, clock)
+    absorb(stage, cells)
+    for i in range(1, d.extend + 1):
+        def more() -> list:
+            out = []
+            for (a, r), extra in extensions(d, curves, known, grids).items():
+                out += [cell(d, plan, a, r, setting, seed) for setting in extra for seed in d.tune_seeds]
+            return out
+
+        stage = study_dir / "tune" / f"extend-{i}"
+        cells = stage_cells(stage, more)
+        if not cells:
+            break
+        run_stage(d, stage, cells, d.jobs, clock)
+        absorb(stage, cells)
+    chosen, edge, moved = {}, {}, {}
+    fits = lrfit.fit_all(curves, known, better=d.better, **d.fit) if d.rule == "fit" else {}
+    for (a, r), results in curves.items():
+        if d.rule == "fit":
+            v = fits[(a, r)].valley
+            chosen[(a, r)] = fits[(a, r)].setting
+            edge[(a, r)] = {} if v.bracketed or v.edge is None else {d.fit["key"]: v.edge}
+            continue
+        best = tuning.choose(results, d.better, known, d.cliff)
+        plain = tuning.choose(results, d.better)
+        if best is not None and plain != best:
+            moved[(a, r)] = known[plain]  # the cliff rule stepped down from this best mean
+        chosen[(a, r)] = None if best is None else known[best]
+        edge[(a, r)] = {} if best is None else tuning.edges(known[best], grids[(a, r)])
+    small = d.tuned_rungs[0]
+    for r in d.rungs:
+        if r in d.tuned_rungs:
+            continue
+        rule = tuning.TRANSFER[d.transfer]
+        for a in d.arms:
+            got = chosen[(a, small)]
+            chosen[(a, r)] = None if got is None else rule(got, d.rungs[small], d.rungs[r],
+                                                           d.study.get("width_key", "model.d_model"))
+            if (a, small) in fits:
+                fits[(a, r)] = fits[(a, small)]  # its rate carried up, with the tuning's noise
+    return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs,
+            "moved": moved, "devices": devices, "fits": fits}
+
+
+def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:
+    """{(arm, rung): [settings]}: one grid step past each edge optimum (rule: fit, also below the grid of an arm
+    with no rate under its failure level), that is not tested yet."""
+    out: dict = {}
+    if d.rule == "fit":
+        key = d.fit["key"]
+        for (a, r), ch in lrfit.fit_all(curves, known, better=d.better, draws=0, **d.fit).items():
+            v = ch.valley
+            side = v.edge if not v.bracketed else (None if v.stable else "low")
+            if side is None:
+                continue
+            others = next((o for o, sv in ch.slices.values() if sv is v), {})
+            value = tuning.beyond(grids[(a, r)][key], side)
+            if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][key]):
+                out[(a, r)] = [{**others, key: value}]
+        return out
+    for (a, r), results in curves.items():
+        best = tuning.choose(results, d.better, known, d.cliff)
+        if best is None:
+            continue
+        for k, side in tuning.edges(known[best], grids[(a, r)]).items():
+            v = tuning.beyond(grids[(a, r)][k], side)
+            if v is not None and not any(tuning._same(v, x) for x in grids[(a, r)][k]):
+                out.setdefault((a, r), []).append({**known[best], k: v})
+    return out
+
+
+def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageClock,
+            fits: Optional[dict] = None) -> dict:
+    """Stage two: fresh seeds, looks at the planned numbers of pairs, more seeds only where a comparison is open.
+    ``fits`` (rule: fit): each arm's choice, whose tuning variance each interval adds, and an arm or baseline
+    whose optimum is not bracketed gets no verdict (nor seeds).
+    -> {"values": {(arm, rung): {seed: value}}, "results": [...], "decisions": {(arm, rung): Decision | str},
+    "rounds": [[(arm, rung), ...] per round], "runs": n}."""
+    values: dict = {(a, r): {} for a in d.arms for r in d.rungs}
+    results: list = []
+    decisions: dict = unbracketed(d, fits or {})
+    for r in d.rungs:
+        if chosen.get((d.baseline, r), {}) is None:
+            for a in d.compared:
+                decisions[(a, r)] = "the baseline has no setting that trained (every tuning run diverged or collapsed)"
+        for a in d.compared:
+            if chosen.get((a, r), {}) is None and (a, r) not in decisions:
+                decisions[(a, r)] = "no setting that trained (every tuning run diverged or collapsed)"
+    rounds = []
+    have = 0
+    span = math.inf
+    for j, n in enumerate(d.looks):
+        open_ = [(a, r) for r in d.rungs for a in d.compared if (a, r) not in decisions or
+                 (not isinstance(decisions[(a, r)], str) and not decisions[(a, r)].final)]
+        if not open_:
+            break
+        todo = sorted({*open_, *((d.baseline, r) for _, r in open_)},
+                      key=lambda k: (list(d.rungs).index(k[1]), list(d.arms).index(k[0])))
+        seeds = range(d.seeds["start"] + have, d.seeds["start"] + n)
+        stage = study_dir / "compare" / f"round-{j + 1}"
+        cells = stage_cells(stage, lambda: [cell(d, plan, a, r, chosen[(a, r)], s) for (a, r) in todo for s in seeds])
+        run_stage(d, stage, cells, d.jobs, clock)
+        for res in read_stage(d, stage, cells):
+            c = res["cell"]
+            values[(c.arm, c.rung)][c.seed] = res["value"]
+            results.append(res)
+            info = (res["metrics"].get("metric_info") or {}).get(d.metric) or {}
+            if info.get("low") is not None and info.get("high") is not None:
+                span = float(info["high"]) - float(info["low"])
+        rounds.append(sorted({(c.arm, c.rung) for c in cells}))
+        have = n
+        for a, r in open_:
+            decisions[(a, r)] = sequential.decide(values[(a, r)], values[(d.baseline, r)], d.looks, d.level,
+                                                  d.family, d.better, d.margin, span, look=j,
+                                                  extra_var=tuning_var(fits or {}, (a, r)) +
+                                                  tuning_var(fits or {}, (d.baseline, r)))
+    return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results)}
+
+
+def tuning_var(fits: dict, ar: tuple) -> float:
+    """The variance an arm's loss has over re-tunings of its rate (0 without a fit)."""
+    ch = fits.get(ar)
+    return ch.valley.tuning_sd ** 2 if ch is not None and ch.setting is not None else 0.0
+
+
+def unbracketed(d: Design, fits: dict) -> dict:
+    """{(arm, rung): why} for the comparisons that get no verdict because an optimum is not known to be inside
+    the grid (its best rate at an end after the allowed extensions) or no rate trained stably: a verdict over an
+    unbracketed arm would compare it at a rate that is not its best."""
+    key = d.fit["key"]
+
+    def why(arm: str, r: str, role: str) -> Optional[str]:
+        ch = fits.get((arm, r))
+        if ch is None:
+            return None
+        v = ch.valley
+        if not v.stable:
+            return (f"{role} unstable: no {key} tried is below the failure level (study.tune.fail_level="
+                    f"{d.fit['fail_level']:g}; {v.note or 'every run failed'}); extend study.tune.params.{key} below "
+                    f"{2 ** min(x for x, _, _ in v.points):.4g}" if v.points else f"{role}: no tuning run")
+        if not v.bracketed:
+            end = 2 ** v.best_x
+            return (f"{role} unbracketed: its best {key} is the {'lowest' if v.edge == 'low' else 'highest'} tried "
+                    f"({end:.4g}) after {d.extend} extension(s); extend study.tune.params.{key} "
+                    f"{'below' if v.edge == 'low' else 'above'} it (or raise study.tune.extend)")
+        return None
+
+    out = {}
+    for r in d.rungs:
+        base = why(d.baseline, r, "baseline")
+        for a in d.compared:
+            reason = base or why(a, r, "arm")
+            if reason:
+                out[(a, r)] = reason
+    return out
