@@ -548,3 +548,49 @@ def test_a_stage_that_did_not_end_stops_the_study_in_one_line(tmp_path, monkeypa
     clock = stages.StageClock(tmp_path, {})
     with pytest.raises(stages.StudyStopped if raises == "StudyStopped" else KeyboardInterrupt, match=re.escape(says)):
         stages.run_stage(d, tmp_path / "probe", cells, 1, clock)
+
+
+def test_an_unbracketed_or_unstable_arm_gets_no_verdict_and_no_seeds(tmp_path, monkeypatch):
+    """rule: fit: a comparison whose arm (or baseline) has its best rate at an end of the grid after the extensions,
+    or no rate under the failure level, is not run: its reason names the end and the way to extend; the others
+    are compared with both arms' tuning variance in their interval."""
+    import random
+
+    from modforge.studies import lrfit, rounds, stages
+
+    d = design_of("x", [], {**BLOCK, "compare": ["norm=rms", "norm=batch"],
+                            "tune": {"params": {"optim.lr": [0.001, 0.002, 0.004, 0.008]}, "extend": 1}})
+    rng = random.Random(0)
+    centres = {"norm=layer": 0.003, "norm=rms": 0.02, "norm=batch": 0.003}  # rms's floor is past the grid's top
+    curves, known = {}, {}
+    for arm, c in centres.items():
+        res = {}
+        for lr in d.grid["optim.lr"]:
+            known[tuning.key_of({"optim.lr": lr})] = {"optim.lr": lr}
+            res[tuning.key_of({"optim.lr": lr})] = [2 + 0.06 * (math.log2(lr / c)) ** 2 + rng.gauss(0, 0.005)
+                                                    for _ in (1, 2)]
+        curves[(arm, "")] = res
+    fits = lrfit.fit_all(curves, known, "optim.lr", draws=50)
+    why = rounds.unbracketed(d, fits)
+    assert list(why) == [("norm=rms", "")]
+    assert why[("norm=rms", "")].startswith("arm unbracketed: its best optim.lr is the highest tried (0.008) after 1 "
+                                            "extension(s); extend study.tune.params.optim.lr above it")
+    ran = []
+
+    def run_stage(d_, stage_dir, cells, jobs, clock):
+        ran.extend((c.arm, c.seed) for c in cells)
+
+    def read_stage(d_, stage_dir, cells):
+        return [{"cell": c, "status": "finished", "value": 2.0 + 0.1 * (c.arm == "norm=batch") +
+                 0.003 * ((c.seed * 7 + sum(map(ord, c.arm))) % 5),
+                 "metrics": {}, "name": f"#{i}", "error": None} for i, c in enumerate(cells)]
+
+    monkeypatch.setattr(rounds, "run_stage", run_stage)
+    monkeypatch.setattr(rounds, "read_stage", read_stage)
+    plan = type("P", (), {"steps": {(a, ""): 10 for a in d.arms}, "val_every": {(a, ""): None for a in d.arms}})()
+    chosen = {ar: ch.setting for ar, ch in fits.items()}
+    out = rounds.compare(d, tmp_path, plan, chosen, stages.StageClock(tmp_path, {}), fits)
+    assert {a for a, _ in ran} == {"norm=layer", "norm=batch"}  # no seed for the unbracketed arm
+    assert out["decisions"][("norm=rms", "")] == why[("norm=rms", "")]
+    c = out["decisions"][("norm=batch", "")].comparison
+    assert c.se > 0 and out["decisions"][("norm=batch", "")].word == "worse"

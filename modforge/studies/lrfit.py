@@ -68,6 +68,7 @@ class Valley:
     note: str = ""
     resid: list = field(default_factory=list)  # [(residual, weight)] of the runs fitted
     weights: list = field(default_factory=list)  # each run's spike weight (points' order)
+    evidence: float = 0.0  # its own runs' failures at or above its best rate (spikes by their weight)
     beta: float = math.nan  # the failure model at its posterior mode: P(fail | x) = sigmoid(beta (x - x0))
     x0: float = math.nan
 
@@ -217,9 +218,9 @@ def stability(valleys: dict, fail_level: float = FAIL_LEVEL) -> tuple:
 
         if not math.isfinite(v.x):
             v.x = v.best_x
-        evidence = sum(1.0 if not math.isfinite(y) else w for (x, y, _), w in zip(v.points, v.weights)
-                       if math.isfinite(y) or x >= v.best_x)
-        if evidence >= 0.5 and p_fail(v.x) > fail_level:  # moved only on its own runs' evidence, never the prior's
+        v.evidence = sum(1.0 if not math.isfinite(y) else w for (x, y, _), w in zip(v.points, v.weights)
+                         if math.isfinite(y) or x >= v.best_x)
+        if v.evidence >= 0.5 and p_fail(v.x) > fail_level:  # moved only on its own runs' evidence, never the prior's
             lo, hi = min(x for x, _, _ in v.points) - 4.0, v.x
             if p_fail(lo) > fail_level:
                 v.x, v.moved, v.stable = lo, True, False
@@ -344,7 +345,7 @@ def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> 
             "fitted_lr": rate(v.fitted_x), "basin": [rate(v.basin[0]), rate(v.basin[1])],
             "basin_width": 2 ** (v.basin[1] - v.basin[0]) if v.fitted else math.nan,
             "minimum": sign * v.m, "at_lr": sign * v.value(v.x) if v.fitted else math.nan,
-            "p_fail": v.p_fail, "moved": v.moved, "bracketed": v.bracketed, "edge": v.edge, "stable": v.stable,
+            "p_fail": v.p_fail, "failure_evidence": v.evidence, "moved": v.moved, "bracketed": v.bracketed, "edge": v.edge, "stable": v.stable,
             "tuning_sd": v.tuning_sd, "note": v.note, "carried": carried,
             # the metric = m + a (log2 rate - c)^2 over the window of rates it was fitted on
             "valley": {"a": sign * v.a, "c": v.c, "m": sign * v.m, "window": [rate(v.window[0]), rate(v.window[1])]},

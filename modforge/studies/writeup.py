@@ -140,7 +140,9 @@ def fit_section(d: Design, rec: dict) -> list:
         notes = [n for n in ("carried up from the smallest rung" if f["carried"] else "",
                              "moved down by the failure model" if f["moved"] else "",
                              f"unbracketed ({f['edge']} end)" if not f["bracketed"] else "",
-                             "no stable rate" if not f["stable"] else "", f["note"]) if n]
+                             "no stable rate" if not f["stable"] else "",
+                             "no failure seen: P(failure) is the prior's" if f.get("failure_evidence", 1) < 0.5 else "",
+                             f["note"]) if n]
         body.append([f["rung"] or "—", f["arm"], f"{f['lr']:.4g}", f"{f['low']:.4g} – {f['high']:.4g}",
                      f"{f['basin'][0]:.4g} – {f['basin'][1]:.4g}", f"{f['basin_width']:.2f}x",
                      f"{f['minimum']:.4f}", f"{f['p_fail']:.3f}", f"{f['tuning_sd']:.4f}", "; ".join(notes)])
