@@ -374,3 +374,31 @@ def test_the_fault_hook_reaches_the_gpus_launchers_jobs_by_their_number(tmp_path
                        f"hydra.sweep.dir={sweep}", threads=None, fault="raise@step=1@job=1")
     assert p.returncode == 1 and "2 jobs: 1 finished, 1 failed" in p.stdout + p.stderr, p.stdout[-2000:] + p.stderr
     assert sorted(metrics_of(sweep)) == ["0"]
+
+
+@pytest.mark.process  # SIGTERM to the sweep's command, its jobs each a process of the gpus launcher
+@pytest.mark.slow
+def test_sigterm_to_a_gpus_sweep_stops_its_jobs_prints_its_summary_and_exits_143(tmp_path):
+    """A scheduler's SIGTERM to ``train -m hydra/launcher=gpus``: every running job stops at a step and records
+    'interrupted'; the command prints the sweep's summary with the resume hint and exits 128 + 15."""
+    import signal
+    import time
+
+    from conftest import python_popen
+
+    sweep = tmp_path / "sweep"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MODFORGE_FAULT="hold@step=1")
+    p = python_popen("-m", "modforge.train", "-m", "hydra/launcher=gpus", "hydra.launcher.devices=2", "seed=1,2",
+                     "trainer.max_steps=20", *TINY, f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(sweep.glob("*/.lock"))) < 2 and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3.0)  # both jobs past their start, holding at step 1
+    assert p.poll() is None, "the sweep ended before its jobs trained"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 143, err[-3000:]
+    assert "2 jobs: 0 finished, 0 failed, 0 diverged, 2 interrupted; resume with: python -m modforge.train -m " \
+           f"resume={sweep}" in err, err[-3000:]
+    assert all(json.loads((d / "status.json").read_text())["status"] == "interrupted"
+               for d in sweep.iterdir() if d.is_dir())

@@ -127,6 +127,41 @@ def test_an_edge_optimum_is_unbracketed_and_a_grid_of_failures_has_no_choice():
     assert lrfit.fit_all(curves, known, KEY, draws=20)[("a", "")].setting is None
 
 
+def test_arms_with_identical_runs_get_identical_rates_whatever_their_number_or_order():
+    """The failure model's posterior is Laplace's at the exact Hessian, not an optimiser's running estimate: twins
+    agree to the last digit among 3 or 8 arms."""
+    curves, known = planted(random.Random(9), centre=0.003, fail=lambda lr: 0.5 if lr >= 0.008 else 0.0)
+    for n in (3, 8):
+        got = lrfit.fit_all({(f"A{i}", ""): curves[("a", "")] for i in range(n)}, known, KEY, draws=20)
+        assert len({ch.lr for ch in got.values()}) == 1, {k: ch.lr for k, ch in got.items()}
+
+
+def test_noise_below_the_best_rate_does_not_move_it_and_a_lone_spike_is_not_the_noise():
+    """A run that spiked below the arm's best rate is not the edge of stability; the seeds' noise is measured on
+    the pairs that did not spike (one spiked pair alone gives the default noise, not its own size)."""
+    pts = [(math.log2(lr), 2 + 0.06 * math.log2(lr / 0.004) ** 2) for lr in GRID for _ in (1, 2)]
+    low_spikes = [(x, y + (0.3 if i in (1, 3) else 0.0)) for i, (x, y) in enumerate(pts)]  # at 0.001 and 0.002
+    v = lrfit.valley(low_spikes, 0.1, 0.01)
+    lrfit.stability({"a": v})
+    assert not v.moved and v.evidence == 0
+    assert lrfit.seed_noise([[(0, 2.0), (0, 2.5)]], 0.1) == lrfit.NOISE
+
+
+def test_an_arm_whose_every_rate_had_a_failure_is_extended_below():
+    """No rate trained stably: the tuning grid goes one step below its lowest rate (the docs' promise)."""
+    from modforge.studies import rounds
+    from modforge.studies.design import design_of
+
+    d = design_of("x", [], {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"],
+                            "tune": {"params": {KEY: GRID}, "seeds": [1, 2], "extend": 1}})
+    curves, known = planted(random.Random(6), arms=("norm=layer", "norm=rms"))
+    for k in curves[("norm=rms", "")]:
+        curves[("norm=rms", "")][k][0] = math.nan  # one seed of every rate failed
+    grids = {ar: {KEY: list(GRID)} for ar in curves}
+    got = rounds.extensions(d, curves, known, grids)
+    assert got == {("norm=rms", ""): [{KEY: 0.0005}]}
+
+
 def coverage(trials: int, with_tuning: bool, seed: int = 5) -> float:
     """How often the comparison's 95% interval (6 fresh pairs at each arm's chosen rate) holds the planted
     difference of the arms' minima, with or without the tuning variance."""

@@ -8,7 +8,7 @@ from typing import Optional
 from modforge import registry
 from modforge.config.command_line import check_overrides
 from modforge.config.composition import hydra_loader
-from modforge.config.overrides import HYDRA_VALUE_FLAGS
+from modforge.config.overrides import HYDRA_VALUE_FLAGS, config_flags
 from modforge.sweeps.clusters import check_launcher_installed, runs_elsewhere
 from modforge.sweeps.plan import Plan
 from modforge.sweeps.planning import build
@@ -88,15 +88,3 @@ def config_source(argv: list) -> Optional[tuple]:
         raise registry.ConfigError(f"--config-dir {config_dir}: no such directory (give a directory that holds your "
                                    "config groups, e.g. DIR/experiment/NAME.yaml)")
     return config_dir, given.get("--config-name", given.get("-cn"))
-
-
-def config_flags(argv: list) -> list:
-    """The command's config flags as words (``--config-dir DIR``, ``--config-name=NAME``): a job started as its own
-    process gets them."""
-    out, rest = [], iter(argv)
-    for a in rest:
-        if a in HYDRA_VALUE_FLAGS:
-            out += [a, next(rest, "")]
-        elif a.split("=", 1)[0] in HYDRA_VALUE_FLAGS:
-            out.append(a)
-    return out

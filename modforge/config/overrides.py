@@ -50,3 +50,15 @@ def flag(argv: list, key: str) -> bool:
     """Whether the command line sets the boolean root key ``key`` to true."""
     return any(a.split("=", 1)[0].lstrip("+") == key and a.split("=", 1)[1].strip().lower() in ("true", "yes", "1")
                for a in argv if "=" in a)
+
+
+def config_flags(argv: list) -> list:
+    """The command's config flags as words (``--config-dir DIR``, ``--config-name=NAME``): a job started as its own
+    process gets them."""
+    out, rest = [], iter(argv)
+    for a in rest:
+        if a in HYDRA_VALUE_FLAGS:
+            out += [a, next(rest, "")]
+        elif a.split("=", 1)[0] in HYDRA_VALUE_FLAGS:
+            out.append(a)
+    return out

@@ -6,8 +6,9 @@ For every arm and rung, over every finished tuning run (x = log2 of the rate):
   mean, a failed run counting as the worst) and its neighbours: every rate within two doublings of it, and at
   least the nearest one on each side. A local quadratic, not a global curve: near its minimum any smooth loss
   is one, it needs three rates, and it moves little when one run moves (issue 47: at most 8% between two
-  runs of one study, where the argmin jumped a whole 2x step). Spikes are dropped and the valley fitted again,
-  once. Not convex (a <= 0) or fewer than three rates: no fit; the best mean's rate stands.
+  runs of one study, where the argmin jumped a whole 2x step). A spike weighs 1 - w in it (and in the best
+  mean), w being how surely it spiked. Not convex (a <= 0) or fewer than three rates: no fit; the best mean's rate
+  stands.
 * **lr\\***: the valley's argmin c inside the rates it was fitted on; the **basin**: the rates where the valley is
   within ``basin`` (default: the study's margin, else 0.02) of its minimum; the **bracket**: the best mean's rate
   is neither the lowest nor the highest tested (else the optimum is not known to be inside the grid).
@@ -36,6 +37,7 @@ from typing import Optional
 SPIKE = 0.1  # metric units: a run this far above another seed at its rate spiked (as likely as not)
 NOISE = 0.02  # the sd of two seeds' difference at one rate when the study has no replicate to measure it
 NOISE_FLOOR = 0.005
+MIN_PAIRS = 5  # seed pairs (each at most a spike apart) needed to measure the noise; fewer: NOISE
 FAIL_LEVEL = 0.05
 BOOTSTRAPS = 400
 PREDICTIVE_DRAWS = 400  # draws of the failure model's parameters (its posterior, by Laplace's approximation)
@@ -109,14 +111,16 @@ def valley(points: list, spike: float = SPIKE, noise: float = NOISE) -> Valley:
     """The valley of one arm-rung-slice from its runs [(x, y)] (y NaN: failed; lower is better); ``noise``: the sd
     of the difference between two seeds at one rate (pooled over the study: :func:`seed_noise`)."""
     pts = [(x, y, "ok" if math.isfinite(y) else "failed") for x, y in points]
+    weights = spike_weights(pts, spike, noise)
     xs = sorted({x for x, _, _ in pts})
-    means = {x: _mean([y for px, y, _ in pts if px == x]) for x in xs}
+    # each rate's mean over its runs, a spike by its weight (1 - w); a failed run makes the rate the worst
+    means = {x: _mean([(y, 1 - w) for (px, y, _), w in zip(pts, weights) if px == x]) for x in xs}
     best = min(xs, key=lambda x: (means[x], x))
-    v = Valley(pts, best, bracketed=False)
-    v.weights = spike_weights(pts, spike, noise)
-    v.points = [(x, y, "spike" if w > 0.5 else st) for (x, y, st), w in zip(pts, v.weights)]
+    v = Valley([(x, y, "spike" if w > 0.5 else st) for (x, y, st), w in zip(pts, weights)], best, bracketed=False,
+               weights=weights)
     if not math.isfinite(means[best]):
-        v.note, v.stable = "every run failed", False
+        every = all(not math.isfinite(y) for _, y, _ in pts)
+        v.note, v.stable = "every run failed" if every else "every rate tried had a failed run", False
         return v
     tested = [x for x in xs if x != best]
     v.bracketed = any(x < best for x in tested) and any(x > best for x in tested)
@@ -144,10 +148,10 @@ def _fit(v: Valley) -> None:
     v.x = v.fitted_x
 
 
-def seed_noise(groups: list) -> float:
+def seed_noise(groups: list, spike: float = SPIKE) -> float:
     """The sd of the difference between two finished seeds at one rate, pooled over ``groups`` (lists of runs
-    [(x, y)]) robustly (the median absolute difference / 0.6745: a spike does not inflate it), at least
-    ``NOISE_FLOOR``; ``NOISE`` when no rate has two finished seeds."""
+    [(x, y)]) robustly: the median absolute difference / 0.6745 over the pairs at most ``spike`` apart (a spike
+    is not noise), at least ``NOISE_FLOOR``; ``NOISE`` with fewer than ``MIN_PAIRS`` such pairs."""
     diffs = []
     for pts in groups:
         by_x: dict = {}
@@ -156,9 +160,9 @@ def seed_noise(groups: list) -> float:
                 by_x.setdefault(x, []).append(y)
         for ys in by_x.values():
             diffs += [abs(a - b) for i, a in enumerate(ys) for b in ys[i + 1:]]
-    if not diffs:
+    diffs = sorted(d for d in diffs if d <= spike)  # a spike is not noise (with few pairs it would be the noise)
+    if len(diffs) < MIN_PAIRS:
         return NOISE
-    diffs.sort()
     mid = len(diffs) // 2
     med = diffs[mid] if len(diffs) % 2 else (diffs[mid - 1] + diffs[mid]) / 2
     return max(med / 0.6745, NOISE_FLOOR)
@@ -188,8 +192,8 @@ def stability(valleys: dict, fail_level: float = FAIL_LEVEL) -> tuple:
     keys = list(valleys)
     # a run that failed below its arm's best rate did not learn (collapsed): an outcome of too small a rate, not
     # the edge of stability, so it is not a failure here
-    obs = [(i, x, 1.0 if not math.isfinite(y) else w) for i, k in enumerate(keys)
-           for (x, y, _), w in zip(valleys[k].points, valleys[k].weights)
+    obs = [(i, x, (1.0 if not math.isfinite(y) else w) if x >= valleys[k].best_x else 0.0)
+           for i, k in enumerate(keys) for (x, y, _), w in zip(valleys[k].points, valleys[k].weights)
            if math.isfinite(y) or x >= valleys[k].best_x]
     top = [max(x for x, _, _ in valleys[k].points) for k in keys]
     X = np.array([x for _, x, _ in obs], float)
@@ -205,10 +209,9 @@ def stability(valleys: dict, fail_level: float = FAIL_LEVEL) -> tuple:
         return nll + prior
 
     start = np.array([SLOPE_PRIOR[0], *(t + LOCATION_PRIOR[0] for t in top)])
-    fit = minimize(loss, start, method="BFGS")
-    theta, cov = fit.x, np.atleast_2d(fit.hess_inv)
-    draws = np.random.default_rng(0).multivariate_normal(theta, (cov + cov.T) / 2, size=PREDICTIVE_DRAWS,
-                                                         check_valid="ignore")
+    theta = minimize(loss, start, method="BFGS").x
+    cov = laplace_covariance(theta, X, F, G, len(keys))
+    draws = np.random.default_rng(0).multivariate_normal(theta, cov, size=PREDICTIVE_DRAWS)
     beta, x0 = math.exp(theta[0]), {k: float(theta[1 + i]) for i, k in enumerate(keys)}
     for i, (k, v) in enumerate(valleys.items()):
         b, loc = np.exp(draws[:, 0]), draws[:, 1 + i]
@@ -219,7 +222,7 @@ def stability(valleys: dict, fail_level: float = FAIL_LEVEL) -> tuple:
         if not math.isfinite(v.x):
             v.x = v.best_x
         v.evidence = sum(1.0 if not math.isfinite(y) else w for (x, y, _), w in zip(v.points, v.weights)
-                         if math.isfinite(y) or x >= v.best_x)
+                         if x >= v.best_x)
         if v.evidence >= 0.5 and p_fail(v.x) > fail_level:  # moved only on its own runs' evidence, never the prior's
             lo, hi = min(x for x, _, _ in v.points) - 4.0, v.x
             if p_fail(lo) > fail_level:
@@ -235,6 +238,28 @@ def stability(valleys: dict, fail_level: float = FAIL_LEVEL) -> tuple:
         v.p_fail = p_fail(v.x)
         v.beta, v.x0 = beta, x0[k]
     return beta, x0
+
+
+def laplace_covariance(theta, X, F, G, groups: int):
+    """The inverse of the failure model's exact Hessian (negative log posterior) at ``theta`` = (log beta, x0...):
+    Laplace's approximation of its posterior, symmetric, eigenvalues floored (no draw depends on an optimiser's
+    running estimate, nor on the order of the arms)."""
+    import numpy as np
+
+    beta, x0 = math.exp(theta[0]), np.asarray(theta[1:])
+    z = beta * (X - x0[G])
+    p = 1 / (1 + np.exp(-z))
+    w, r = p * (1 - p), p - F  # d2/dz2 and d/dz of each observation's negative log likelihood
+    n = 1 + groups
+    H = np.zeros((n, n))
+    H[0, 0] = np.sum(w * z * z + r * z) + 1 / SLOPE_PRIOR[1] ** 2  # dz/ds = z, d2z/ds2 = z (s = log beta)
+    for g in range(groups):
+        m = G == g
+        H[0, 1 + g] = H[1 + g, 0] = np.sum(-w[m] * z[m] * beta - r[m] * beta)  # dz/dx0 = -beta, d2z/(ds dx0) = -beta
+        H[1 + g, 1 + g] = np.sum(w[m]) * beta ** 2 + 1 / LOCATION_PRIOR[1] ** 2
+    vals, vecs = np.linalg.eigh((H + H.T) / 2)
+    vals = np.maximum(vals, 1e-6)
+    return (vecs / vals) @ vecs.T
 
 
 def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0) -> float:
@@ -274,8 +299,12 @@ def basin(v: Valley, delta: float) -> tuple:
     return (max(v.c - w, v.window[0]), min(v.c + w, v.window[1]))
 
 
-def _mean(ys: list) -> float:
-    return sum(ys) / len(ys) if ys and all(math.isfinite(y) for y in ys) else math.inf
+def _mean(pairs: list) -> float:
+    """The weighted mean of [(y, weight)]; inf when a run failed (or no weight is left)."""
+    total = sum(w for _, w in pairs)
+    if not pairs or not all(math.isfinite(y) for y, _ in pairs) or total <= 0:
+        return math.inf
+    return sum(y * w for y, w in pairs) / total
 
 
 @dataclass
@@ -309,14 +338,14 @@ def fit_all(curves: dict, known: dict, key: str, better: str = "min", spike: flo
             g[1].extend((math.log2(rate), (y if better == "min" else -y) if math.isfinite(y) else math.nan)
                         for y in vals)
         slices[ar] = groups
-    noise = seed_noise([pts for groups in slices.values() for _, pts in groups.values()])
+    noise = seed_noise([pts for groups in slices.values() for _, pts in groups.values()], spike)
     for ar, groups in slices.items():
         for gk, (_, pts) in groups.items():
             if pts:
                 valleys[(ar, gk)] = valley(pts, spike, noise)
     if valleys:
         stability(valleys, fail_level)
-        if draws:
+        if draws >= 2:
             tuning_variance(valleys, draws)
     out = {}
     for ar, groups in slices.items():

@@ -102,7 +102,7 @@ def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:
         key = d.fit["key"]
         for (a, r), ch in lrfit.fit_all(curves, known, better=d.better, draws=0, **d.fit).items():
             v = ch.valley
-            side = v.edge if not v.bracketed else (None if v.stable else "low")
+            side = "low" if not v.stable else (v.edge if not v.bracketed else None)
             if side is None:
                 continue
             others = next((o for o, sv in ch.slices.values() if sv is v), {})

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from modforge.config.grid import labels
-from modforge.config.overrides import hydra_value
+from modforge.config.overrides import config_flags, hydra_value
 from modforge.errors import ConfigError
-from modforge.sweeps.plan import Plan
+from modforge.sweeps.plan import Job, Plan
 from modforge.sweeps.slots import SlotError, check_per_device, cpu_threads, devices_needed, pool_devices, schedule
 from modforge.run.dirs import claim
 from modforge.utils.files import read_json, write_json
@@ -77,7 +77,7 @@ class GpuSlotLauncher:
         self.poll_seconds = float(poll_seconds)
         self.per_device = jobs_per_device
         self.config = self.hydra_context = self.task_function = None
-        self.flags: list = []  # the command's --config-dir/--config-name, as the plan keeps them
+        self.plan: Optional[Plan] = None  # the sweep's plan, handed over by modforge.sweeps.launch.run_sweep
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -95,16 +95,15 @@ class GpuSlotLauncher:
             per_device = check_per_device(self.per_device)
         except SlotError as e:
             raise ConfigError(str(e)) from None
-        plan = Plan.load(Path(str(self.config.hydra.sweep.dir)))  # each job's directory and devices, as planned
-        self.flags = plan.flags
         jobs: list = []
         for i, overrides in enumerate(job_overrides):
-            planned = plan.job(initial_job_idx + i)
+            num = initial_job_idx + i
+            planned = self.plan.job(num) if self.plan is not None else self.compose(num, overrides)
             try:
                 need = check_slots(planned.devices, len(devices))
             except ConfigError as e:
-                raise ConfigError(f"job #{planned.num}: {e}") from None
-            jobs.append(_Job(planned.num, list(overrides), planned.dir, need, planned.accelerator, self.config))
+                raise ConfigError(f"job #{num}: {e}") from None
+            jobs.append(_Job(num, list(overrides), planned.dir, need, planned.accelerator, self.config))
         for j, label in zip(jobs, labels([j.overrides for j in jobs])):
             j.label = label
         with _interrupt_on_sigterm():
@@ -114,10 +113,9 @@ class GpuSlotLauncher:
                          self._wait, per_device)
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM to this process: every running job stops, recorded
                 stopped = _stop_all([j for j in jobs if j.running()])
-                print(f"[modforge] interrupted: {stopped} running jobs stopped (each records 'interrupted'); "
-                      f"resume with: python -m modforge.train -m resume={self.config.hydra.sweep.dir}",
+                print(f"[modforge] interrupted: {stopped} running jobs stopped (each records 'interrupted')",
                       file=sys.stderr, flush=True)
-                raise SystemExit(130) from None
+                raise  # the command (or the study) ends as on Ctrl-C: its summary, 128 + the signal
         returns = []
         for job in jobs:
             metrics = read_json(job.dir / "metrics.json") or {}
@@ -129,11 +127,23 @@ class GpuSlotLauncher:
                                      task_name="train", status=status, _return_value=value))
         return returns
 
+    def compose(self, num: int, overrides: list) -> Job:
+        """A job's directory and devices where no plan was handed over (a sweeper other than modforge's)."""
+        from omegaconf import open_dict
+
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.num = num
+            cfg.hydra.job.id = f"job_{num}"
+        return Job(num, list(overrides), Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), "run",
+                   devices=cfg.trainer.get("devices", 1), accelerator=str(cfg.trainer.get("accelerator", "auto")))
+
     def command(self, job: "_Job") -> list:
         """The job's own command line: the sweep's config flags and hydra settings, the job's overrides, its
         directory as the run directory (the run then resumes or skips there exactly as in the sweep's plan)."""
         hydra_overrides = [o for o in self.config.hydra.overrides.hydra if not o.lstrip("+~").startswith(_SWEEP_ONLY)]
-        return [sys.executable, "-m", "modforge.train", *self.flags, *hydra_overrides, *job.overrides,
+        flags = self.plan.flags if self.plan is not None else config_flags(sys.argv[1:])
+        return [sys.executable, "-m", "modforge.train", *flags, *hydra_overrides, *job.overrides,
                 f"hydra.run.dir={hydra_value(str(job.dir))}", "hydra.output_subdir=.hydra"]
 
     def _wait(self, running: list) -> list:
@@ -270,8 +280,11 @@ def _stop_all(jobs: list, grace: float = 60.0) -> int:
 def _interrupt_on_sigterm():
     """SIGTERM to the sweep (a scheduler stopping it) is handled as Ctrl-C: its jobs are stopped, not orphaned."""
     def _raise(signum, frame):
+        if callable(previous):  # the command's own handler notes the signal (its exit code is 128 + it)
+            previous(signum, frame)
         raise KeyboardInterrupt
 
+    previous = None
     try:
         previous = signal.signal(signal.SIGTERM, _raise)
     except ValueError:  # not the main thread: nothing to install

@@ -7,7 +7,8 @@ study runner both call.
   blocks of consecutive job numbers, so each keeps its number and directory. Hydra's basic launcher's jobs run
   here from their planned configs; another launcher (``gpus``, ``joblib``, SLURM's, Ray's) gets the jobs'
   overrides and runs each where it places it. A launcher that breaks (a killed joblib worker) ends only its
-  block: jobs it never started are launched again, once;
+  block: when it had started some, the jobs it never started are launched again, once (one that broke before
+  its first job is not tried again: it would break the same way);
 * the outcome: counts by status (each job directory's record, not the launcher's word), one line per job that
   failed, the exit code (1 when a job failed or was interrupted); returned, and kept as ``sweep.json``.
 
@@ -109,6 +110,8 @@ def run_sweep(plan: Plan, task: Callable, loader: Any, launcher: Any = None) -> 
     if not (sweep_dir / "multirun.yaml").exists():  # as Hydra's sweeper writes it; a resumed sweep keeps the first
         OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
     plan.save()
+    if hasattr(launcher, "plan"):  # modforge's gpus launcher: each job's directory and devices from the plan
+        launcher.plan = plan
     here = type(launcher).__name__ == "BasicLauncher"  # Hydra's own: the jobs run in this process
     try:
         for block in blocks([p for p in plan.jobs if p.runs]):
@@ -141,8 +144,9 @@ def run_here(block: list, task: Callable, context: Any, cfg: Any) -> None:
 
 
 def launch(launcher: Any, block: list) -> None:
-    """One block of consecutive jobs to ``launcher``; a launcher that breaks ends only that block: jobs it never
-    started are launched again (once); those it left half-done are reported as interrupted."""
+    """One block of consecutive jobs to ``launcher``; a launcher that breaks ends only that block: when it had
+    started some, the jobs it never started are launched again (once); those it left half-done are reported as
+    interrupted."""
     try:
         launcher.launch([p.overrides for p in block], initial_job_idx=block[0].num)
     except ModforgeError:

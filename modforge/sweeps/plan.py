@@ -1,6 +1,7 @@
 """A command's jobs as one plan: each job's number, overrides, directory, what will happen to it and why, the
-devices it takes; built once, before anything runs (:mod:`modforge.sweeps.planning`), and kept in the sweep
-directory as ``plan.json``, where the launchers read it (a ``hydra/launcher=gpus`` job's directory and devices).
+devices it takes; built once, before anything runs (:mod:`modforge.sweeps.planning`), handed to the launcher that
+needs it (``hydra/launcher=gpus``: each job's directory and devices) and kept in the sweep directory as
+``plan.json``, the record of what was planned.
 
 A job's composed config stays with the plan in the process that built it (``Job.cfg``, never written): that
 process runs its jobs from it, so no job is composed twice there."""
@@ -10,7 +11,7 @@ from typing import Any, Optional
 
 from modforge.config.grid import labels
 from modforge.errors import ConfigError
-from modforge.utils.files import read_json, write_json
+from modforge.utils.files import write_json
 
 PLAN = "plan.json"
 
@@ -75,17 +76,6 @@ class Plan:
 
     def save(self) -> None:
         write_json(self.sweep_dir / PLAN, {"flags": self.flags, "jobs": [j.record() for j in self.jobs]}, indent=1)
-
-    @classmethod
-    def load(cls, sweep_dir: Path, cfg: Any = None) -> "Plan":
-        """The plan kept in ``sweep_dir`` (its jobs without their composed configs)."""
-        data = read_json(Path(sweep_dir) / PLAN)
-        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
-            raise ConfigError(f"{Path(sweep_dir) / PLAN}: no plan of a sweep there (a launcher reads the plan the "
-                              "command wrote; run the sweep with python -m modforge.train -m)")
-        jobs = [Job(j["num"], j["overrides"], Path(j["dir"]) if j.get("dir") else None, j["action"], j.get("why", ""),
-                    devices=j.get("devices", 1), accelerator=j.get("accelerator", "auto")) for j in data["jobs"]]
-        return cls(True, jobs, cfg, flags=list(data.get("flags", [])))
 
 
 def config_stamp(d: Path) -> Optional[int]:
