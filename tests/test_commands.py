@@ -163,3 +163,33 @@ def test_a_sweep_that_hydras_own_app_runs_is_planned_and_resumed_alike(tmp_path,
     main(argv)
     out = capsys.readouterr().out
     assert "2 jobs (0 to run)" in out and out.count("skip (finished)") == 2, out
+
+
+def test_a_run_paused_at_a_step_continues_to_the_uninterrupted_runs_result(tmp_path, monkeypatch, capsys):
+    """``pause_at=4`` of 8 steps (validation every 4): the run stops there as interrupted, with its checkpoint, and
+    no final record; run again without it, it continues in place and ends bit for bit where a run that never
+    paused ends. A sweep's jobs pause and continue alike, named without it. Bad values: one line each."""
+    from modforge.errors import ConfigError
+    from modforge.sweeps.launch import sweep
+    from modforge.train import main
+    from modforge.utils.files import read_json
+
+    monkeypatch.chdir(tmp_path)
+    base = [*TINY, "trainer.max_steps=8", "trainer.val_check_interval=4"]
+    main([*base, "pause_at=4", f"hydra.run.dir={tmp_path / 'p'}"])
+    assert "paused at step 4 (pause_at)" in capsys.readouterr().out
+    assert read_json(tmp_path / "p" / "status.json")["status"] == "interrupted"
+    assert not (tmp_path / "p" / "metrics.json").exists() and (tmp_path / "p" / "checkpoints" / "last.ckpt").is_file()
+    main([*base, f"hydra.run.dir={tmp_path / 'p'}"])
+    main([*base, f"hydra.run.dir={tmp_path / 'u'}"])
+    paused, straight = read_json(tmp_path / "p" / "metrics.json"), read_json(tmp_path / "u" / "metrics.json")
+    assert paused["steps"] == straight["steps"] == 8
+    assert paused["val"]["val/loss"] == straight["val"]["val/loss"]  # exactly
+    out = sweep([*base, "seed=1,2", "pause_at=4", f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert out["counts"]["interrupted"] == 2 and all("pause_at" not in j["dir"] for j in out["jobs"])
+    out = sweep([*base, "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert out["counts"]["finished"] == 2 and [j["action"] for j in out["jobs"]] == ["resume", "resume"]
+    for bad, says in (("pause_at=0", "pause_at=0: pause_at must be >= 1"), ("pause_at=8", "pause_at=8: the run ends"),
+                      ("pause_at=3", "pause_at=3: pause at a validation step")):
+        with pytest.raises(ConfigError, match=says):
+            sweep([*base, bad, f"hydra.sweep.dir={tmp_path / 'bad'}"])

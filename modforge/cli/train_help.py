@@ -29,7 +29,7 @@ Examples:
 {groups}
 
 == Keys of the run ==
-seed, resume, eval_at_start, eval_block_sizes, eval_stride, eval_by_position, sample, compile, divergence_patience, and for sweeps
+seed, resume, pause_at, eval_at_start, eval_block_sizes, eval_stride, eval_by_position, sample, compile, divergence_patience, and for sweeps
 dry_run, skip_invalid, retry_failed
 (conf/train.yaml says what each does); trainer.<any lightning.Trainer argument>; <group>.<parameter>
 

@@ -33,6 +33,7 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     check_trainer_values(cfg.trainer, here)
     for key in ROOT_KEYS:
         check_root_value(key, cfg.get(key))
+    check_pause(cfg.get("pause_at"), cfg.trainer)
     if cfg.get("study") is not None:
         from modforge.config.study import check_study
 
@@ -216,9 +217,24 @@ def check_root_value(key: str, v: Any, line: str = "") -> None:
                                    f"directory or a .ckpt file, or leave {key} out")
     if key == "seed" and not 0 <= v < 2 ** 32:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: seed must be in [0, 2^32 - 1]")
+    if key == "pause_at" and v is not None and v < 1:
+        raise registry.ConfigError(f"{line or f'{key}={v}'}: pause_at must be >= 1 (training steps), or null")
     if key == "divergence_patience" and v is not None and v < 1:
         raise registry.ConfigError(f"{line or f'{key}={v}'}: divergence_patience must be >= 1 (training batches in a row), "
                                    "or null (never stop)")
+
+def check_pause(pause_at, trainer) -> None:
+    """``pause_at``: a step before the last one, at a validation (its checkpoint is then the one a run that never
+    paused writes there too, so the continued run ends where the uninterrupted one does)."""
+    if pause_at is None:
+        return
+    steps, every = trainer.get("max_steps"), trainer.get("val_check_interval")
+    if isinstance(steps, int) and steps > 0 and pause_at >= steps:
+        raise registry.ConfigError(f"pause_at={pause_at}: the run ends at trainer.max_steps={steps}; pause before it")
+    if not (isinstance(every, int) and not isinstance(every, bool) and pause_at % every == 0):
+        raise registry.ConfigError(f"pause_at={pause_at}: pause at a validation step, a multiple of "
+                                   f"trainer.val_check_interval (now {every}; give it in steps)")
+
 
 def check_output_dir(path: str, key: str) -> None:
     """The run (or sweep) directory must be creatable: its nearest existing ancestor a writable directory, and

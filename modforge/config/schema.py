@@ -17,7 +17,7 @@ from typing import Any
 ROOT_KEYS = {"seed": (int,), "resume": (str, type(None)), "init_from": (str, type(None)), "eval_at_start": (bool,), "sample": (bool,),
              "divergence_patience": (int, type(None)), "compile": (bool,), "dry_run": (bool,), "skip_invalid": (bool,),
              "retry_failed": (bool,), "matmul_precision": (str, type(None)), "eval_block_sizes": (list,),
-             "eval_stride": (int, type(None)), "eval_by_position": (bool,)}
+             "eval_stride": (int, type(None)), "eval_by_position": (bool,), "pause_at": (int, type(None))}
 
 TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a path", type(None): "null",
                list: "a list of block sizes, e.g. [128]"}

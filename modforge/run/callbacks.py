@@ -201,6 +201,19 @@ class Checkpoints(ModelCheckpoint):
             super()._save_checkpoint(trainer, filepath)
 
 
+class PauseAt(L.Callback):
+    """``pause_at=k``: the run stops after step k as if interrupted there. Lightning validates at a requested stop,
+    and the checkpoint callback then writes ``last.ckpt`` at step k (a validation step: the checkpoint a run that
+    never paused writes there too), so running again without ``pause_at`` continues exactly."""
+
+    def __init__(self, step: int):
+        self.step, self.paused = int(step), False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.should_stop, self.paused = True, True
+
+
 class SaveOnPreemption(L.Callback):
     """A job that a cluster preempts (or that is about to hit its time limit) writes ``last.ckpt`` at the end of
     the step in progress, then lets submitit requeue it: the requeued job resumes from that very step instead of

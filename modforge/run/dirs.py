@@ -143,7 +143,7 @@ def claim(d: Path) -> bool:
 SWEEP_KEYS = ("dry_run", "skip_invalid", "retry_failed")
 # keys that say how a command runs, not what a run trains: they neither name nor distinguish runs
 # (conf/train.yaml excludes the same keys from a job directory's name)
-CONTROL_KEYS = ("resume", *SWEEP_KEYS)
+CONTROL_KEYS = ("resume", "pause_at", *SWEEP_KEYS)
 # component keys a resumed run may change: where the data is and how it is loaded, what the summary shows
 RESUME_FREE_KEYS = ("data.path", "data.cache_dir", "data.num_workers", "data.encoding", "task.sample_chars",
                     "task.sample_prompt", "task.sample_temperature", "task.sample_top_k")

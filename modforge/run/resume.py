@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.checkpoints.files import check_training_state, find_checkpoint, init_config, read_checkpoint
-from modforge.run.dirs import FINAL, RESUME_FREE_KEYS, read_state
+from modforge.run.dirs import CONTROL_KEYS, FINAL, RESUME_FREE_KEYS, read_state
 
 def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt: Optional[dict] = None,
                    finished_ok: bool = False) -> DictConfig:
@@ -67,7 +67,9 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
             value = OmegaConf.select(cfg, key, default="<absent>")
             if not isinstance(value, str) or value != "<absent>":
                 OmegaConf.update(merged, key, value, merge=False)
-        merged.resume = cfg.get("resume")
+        for key in CONTROL_KEYS:  # how this command runs (resume=, pause_at=, ...): this command's, never the saved run's
+            if key in cfg:
+                merged[key] = cfg.get(key)
     step, max_steps = int(ckpt.get("global_step", 0)), merged.trainer.max_steps
     if max_steps > 0 and step >= max_steps and not finished_ok:
         raise registry.ConfigError(

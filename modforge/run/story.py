@@ -96,7 +96,12 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     clock.mark("model")
     trainer, record, divergence = build_trainer(cfg, plain, out_dir, start.in_place, clock.t0)
     clock.mark("trainer")
+    pause = next((c for c in trainer.callbacks if type(c).__name__ == "PauseAt"), None)
+    if pause is not None and start.resume and start.step >= pause.step:
+        return paused(out_dir, start.step, trainer.is_global_zero)  # paused there before: nothing to train
     fit(trainer, task, dm, start, record, clock, eval_at_start=bool(cfg.eval_at_start))
+    if pause is not None and pause.paused and divergence.diverged_at is None:
+        return paused(out_dir, trainer.global_step, trainer.is_global_zero)
     if trainer.global_step == 0 and not start.resume and divergence.diverged_at is None:
         raise ModforgeError(f"the run trained no step: data={cfg.data.name} gave no training batch (is "
                             f"data.batch_size={cfg.data.get('batch_size')} larger than its training split?)")
@@ -258,7 +263,7 @@ def build_trainer(cfg: DictConfig, plain: dict, out_dir: Path, in_place: bool, s
     from lightning.pytorch.callbacks import LearningRateMonitor
 
     from modforge.run.callbacks import (FAULT_ENV, AtomicCheckpointIO, Checkpoints, DivergenceStop, FaultInjector,
-                                        CarriedState, SaveOnPreemption)
+                                        CarriedState, PauseAt, SaveOnPreemption)
     from modforge.run.monitoring import (AppendingCSVLogger, configured_callbacks, configured_loggers,
                                          progress_callbacks)
 
@@ -278,6 +283,8 @@ def build_trainer(cfg: DictConfig, plain: dict, out_dir: Path, in_place: bool, s
     callbacks += configured_callbacks(chosen)
     if os.environ.get(FAULT_ENV):
         callbacks.append(FaultInjector())
+    if cfg.get("pause_at") is not None:
+        callbacks.append(PauseAt(cfg.pause_at))
     if (preempt := SaveOnPreemption.signal_of_submitit()) is not None:  # after the fault injector: same step
         callbacks.append(SaveOnPreemption(preempt, out_dir / "checkpoints" / "last.ckpt", divergence))
     with measure.quiet_about_existing_records(in_place):
@@ -313,6 +320,15 @@ def fit(trainer: Any, task: Any, dm: Any, start: Start, record: Any, clock: "mea
         record.fit_ended = record.fit_seconds  # what fit took, before the final evaluations
     finally:
         os.environ.pop(ranks.FOLLOW_ENV, None)
+
+
+def paused(out_dir: Path, step: int, rank0: bool) -> dict:
+    """A run stopped by ``pause_at``: recorded as interrupted at that step (a re-run without it continues)."""
+    record = {"status": "interrupted", "error": f"paused at step {step} (pause_at); run again without it to continue"}
+    if rank0:
+        write_json(out_dir / "status.json", record)
+        say(f"[modforge] paused at step {step} (pause_at): {out_dir} continues from there when run again without it")
+    return record
 
 
 def finish(metrics: dict, trainer: Any, out_dir: Path) -> dict:
