@@ -147,6 +147,23 @@ def test_noise_below_the_best_rate_does_not_move_it_and_a_lone_spike_is_not_the_
     assert lrfit.seed_noise([[(0, 2.0), (0, 2.5)]], 0.1) == lrfit.NOISE
 
 
+def test_a_rate_where_a_seed_spiked_is_not_the_best_and_a_moved_rate_carries_its_caps_noise():
+    """A seed 0.3 above its twin at the valley's floor: that rate is not the best (its clean twin alone would
+    look best and could bracket an optimum the rate broke); a rate the failure model moved has a tuning sd."""
+    pts = [(math.log2(lr), 2 + 0.06 * math.log2(lr / 0.004) ** 2) for lr in GRID for _ in (1, 2)]
+    pts[5] = (pts[5][0], pts[5][1] + 0.3)  # the second seed at 0.004, the floor
+    v = lrfit.valley(pts, 0.1, 0.01)
+    assert v.points[5][2] == "spike" and v.best_x != math.log2(0.004)
+    r = json.loads((ROOT / "experiments/results/ffn_variants/study/report.json").read_text())
+    curves, known = {}, {}
+    for t in r["tuning"]:
+        known[tuning.key_of(t["setting"])] = t["setting"]
+        curves.setdefault((t["arm"], t["rung"]), {})[tuning.key_of(t["setting"])] = \
+            [math.nan if v is None else v for v in t["values"]]
+    got = lrfit.fit_all(curves, known, KEY)[("ffn=geglu", "model.d_model=48,model.n_layers=2")].valley
+    assert got.moved and got.tuning_sd > 0.01 and got.low < got.high  # its safe rate below its basin: uncertain
+
+
 def test_an_arm_whose_every_rate_had_a_failure_is_extended_below():
     """No rate trained stably: the tuning grid goes one step below its lowest rate (the docs' promise)."""
     from modforge.studies import rounds

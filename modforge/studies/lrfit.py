@@ -6,8 +6,8 @@ For every arm and rung, over every finished tuning run (x = log2 of the rate):
   mean, a failed run counting as the worst) and its neighbours: every rate within two doublings of it, and at
   least the nearest one on each side. A local quadratic, not a global curve: near its minimum any smooth loss
   is one, it needs three rates, and it moves little when one run moves (issue 47: at most 8% between two
-  runs of one study, where the argmin jumped a whole 2x step). A spike weighs 1 - w in it (and in the best
-  mean), w being how surely it spiked. Not convex (a <= 0) or fewer than three rates: no fit; the best mean's rate
+  runs of one study, where the argmin jumped a whole 2x step). A spike weighs 1 - w in it, w being how surely
+  it spiked; a rate where a run failed or spiked (w > 0.5) is never the best rate. Not convex (a <= 0) or fewer than three rates: no fit; the best mean's rate
   stands.
 * **lr\\***: the valley's argmin c inside the rates it was fitted on; the **basin**: the rates where the valley is
   within ``basin`` (default: the study's margin, else 0.02) of its minimum; the **bracket**: the best mean's rate
@@ -70,6 +70,7 @@ class Valley:
     note: str = ""
     resid: list = field(default_factory=list)  # [(residual, weight)] of the runs fitted
     weights: list = field(default_factory=list)  # each run's spike weight (points' order)
+    caps: list = field(default_factory=list)  # a moved rate: where re-tunings would put its cap (posterior draws)
     evidence: float = 0.0  # its own runs' failures at or above its best rate (spikes by their weight)
     beta: float = math.nan  # the failure model at its posterior mode: P(fail | x) = sigmoid(beta (x - x0))
     x0: float = math.nan
@@ -113,8 +114,10 @@ def valley(points: list, spike: float = SPIKE, noise: float = NOISE) -> Valley:
     pts = [(x, y, "ok" if math.isfinite(y) else "failed") for x, y in points]
     weights = spike_weights(pts, spike, noise)
     xs = sorted({x for x, _, _ in pts})
-    # each rate's mean over its runs, a spike by its weight (1 - w); a failed run makes the rate the worst
-    means = {x: _mean([(y, 1 - w) for (px, y, _), w in zip(pts, weights) if px == x]) for x in xs}
+    # each rate's mean over its runs, a run that may have spiked by its weight (1 - w); a failed run, or one that
+    # spiked as likely as not, makes the rate the worst (a rate that spikes is not the best, however low its twin)
+    means = {x: _mean([(y if w <= 0.5 else math.nan, 1 - w) for (px, y, _), w in zip(pts, weights) if px == x])
+             for x in xs}
     best = min(xs, key=lambda x: (means[x], x))
     v = Valley([(x, y, "spike" if w > 0.5 else st) for (x, y, st), w in zip(pts, weights)], best, bracketed=False,
                weights=weights)
@@ -235,6 +238,10 @@ def stability(valleys: dict, fail_level: float = FAIL_LEVEL) -> tuple:
             if v.x < min(x for x, _, _ in v.points):
                 v.stable = False
                 v.note = "no tested rate is below the failure level: the arm is unstable across the grid"
+            # where the cap would fall under each posterior draw (its own failure-level rate), centred on the cap
+            # chosen: the spread a re-tuning's cap would have, for the tuning variance
+            own = loc + math.log(fail_level / (1 - fail_level)) / b
+            v.caps = [float(c) for c in own - np.median(own) + v.x]
         v.p_fail = p_fail(v.x)
         v.beta, v.x0 = beta, x0[k]
     return beta, x0
@@ -264,7 +271,8 @@ def laplace_covariance(theta, X, F, G, groups: int):
 
 def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0) -> float:
     """lr*'s interval and ``tuning_sd`` of every fitted valley, by re-drawing its runs (the fitted values plus
-    Normal noise of the pooled residual sd) and choosing again; -> the pooled residual sd."""
+    Normal noise of the pooled residual sd) and choosing again (a rate the failure model moved: under a cap drawn
+    from the model's posterior, centred on the cap chosen); -> the pooled residual sd."""
     rng = random.Random(seed)
     num = sum(w * r * r for v in valleys.values() if v.fitted for r, w in v.resid)
     df = sum(sum(w for _, w in v.resid) - 3 for v in valleys.values() if v.fitted)
@@ -273,7 +281,6 @@ def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0) -> fl
         if not v.fitted:
             v.low = v.high = v.x
             continue
-        cap = v.x if v.moved else math.inf
         lo, hi = v.window
         use = [(x, 1 - w) for (x, y, _), w in zip(v.points, v.weights) if math.isfinite(y) and lo <= x <= hi]
         xs, ws = [x for x, _ in use], [w for _, w in use]
@@ -281,7 +288,8 @@ def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0) -> fl
         for _ in range(draws):
             got = quadratic(xs, [v.value(x) + rng.gauss(0.0, sd) for x in xs], ws)
             x = min(max(got[1], lo), hi) if got is not None else v.best_x
-            x = min(x, cap)
+            x = min(x, rng.choice(v.caps) if v.moved and v.caps else v.x if v.moved else math.inf)
+            x = max(x, lo)  # a re-tuning picks among the rates it tries: the valley is not extrapolated
             chosen.append(x)
             costs.append(v.value(x))
         chosen.sort()
