@@ -13,14 +13,8 @@ HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c
 def job_argv(argv: list, hc: Any) -> list:
     """The command line of one sweep job: Hydra's config flags and hydra.* overrides kept, the sweep replaced
     by the job's own overrides, ``-m`` and the sweep/run directories dropped (Lightning adds the run dir)."""
-    flags, rest = [], iter(argv[1:])
-    for a in rest:
-        if a in HYDRA_VALUE_FLAGS:
-            flags += [a, next(rest, "")]
-        elif a.split("=", 1)[0] in HYDRA_VALUE_FLAGS:
-            flags.append(a)
     hydra_overrides = [o for o in hc.overrides.hydra if not o.lstrip("+~").startswith(_NOT_FOR_RANKS)]
-    return [argv[0], *flags, *hydra_overrides, *hc.overrides.task]
+    return [argv[0], *config_flags(argv[1:]), *hydra_overrides, *hc.overrides.task]
 
 def hydra_value(value: str) -> str:
     """``value`` as one Hydra override value (quoted when it holds characters the override grammar reads)."""

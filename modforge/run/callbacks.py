@@ -207,11 +207,11 @@ class PauseAt(L.Callback):
     never paused writes there too), so running again without ``pause_at`` continues exactly."""
 
     def __init__(self, step: int):
-        self.step, self.paused = int(step), False
+        self.step = int(step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
-            trainer.should_stop, self.paused = True, True
+            trainer.should_stop = True
 
 
 class SaveOnPreemption(L.Callback):

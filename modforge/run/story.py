@@ -83,6 +83,9 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     cfg, tokenizer, init = settle_config(cfg, start, init, checked)
     if ranks.launched_rank()[1] is not None and not follower:  # ranks started beside this one wait for it
         ranks.announce(out_dir, {"resume": start.resume, "in_place": start.in_place})
+    pause_at = cfg.get("pause_at")
+    if pause_at is not None and start.resume and start.step >= pause_at:  # paused there before: nothing to train
+        return paused(out_dir, start.step, not follower)
     plain = prepare_directory(cfg, out_dir, start, follower)
     clock.mark("setup")  # registry, checks, the directory's state, a checkpoint read to resume
     dm, facts = prepare_data(cfg, tokenizer)
@@ -96,11 +99,8 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     clock.mark("model")
     trainer, record, divergence = build_trainer(cfg, plain, out_dir, start.in_place, clock.t0)
     clock.mark("trainer")
-    pause = next((c for c in trainer.callbacks if type(c).__name__ == "PauseAt"), None)
-    if pause is not None and start.resume and start.step >= pause.step:
-        return paused(out_dir, start.step, trainer.is_global_zero)  # paused there before: nothing to train
     fit(trainer, task, dm, start, record, clock, eval_at_start=bool(cfg.eval_at_start))
-    if pause is not None and pause.paused and divergence.diverged_at is None:
+    if pause_at is not None and trainer.global_step == pause_at and divergence.diverged_at is None:
         return paused(out_dir, trainer.global_step, trainer.is_global_zero)
     if trainer.global_step == 0 and not start.resume and divergence.diverged_at is None:
         raise ModforgeError(f"the run trained no step: data={cfg.data.name} gave no training batch (is "

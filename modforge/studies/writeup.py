@@ -10,6 +10,7 @@ from modforge.results import jobs, stats
 from modforge.results.formats import fmt_count, markdown_table
 from modforge.studies import ladder, lrfit, sequential, tuning
 from modforge.studies.design import Design
+from modforge.studies.rounds import tuning_var
 from modforge.utils.files import write_json, write_text
 
 
@@ -50,8 +51,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
             c = dec.comparison
             n_base, n_all = bad[(d.baseline, r)], bad[(a, r)]
             fits = tuned.get("fits") or {}
-            tuning_sd = math.sqrt(sum(fits[k].valley.tuning_sd ** 2 for k in ((a, r), (d.baseline, r))
-                                      if k in fits and fits[k].setting is not None))
+            tuning_sd = math.sqrt(tuning_var(fits, (a, r)) + tuning_var(fits, (d.baseline, r)))
             verdicts.append({"arm": a, "rung": r, "verdict": dec.word, "why": dec.why, "estimate": c.estimate,
                              "tuning_sd": tuning_sd,
                              "low": c.low, "high": c.high, "level": 1 - c.alpha, "pairs": c.n, "look": dec.look + 1,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from modforge.config.composition import compose_sweep_job
 from modforge.config.grid import labels
 from modforge.config.overrides import config_flags, hydra_value
 from modforge.errors import ConfigError
@@ -129,12 +130,7 @@ class GpuSlotLauncher:
 
     def compose(self, num: int, overrides: list) -> Job:
         """A job's directory and devices where no plan was handed over (a sweeper other than modforge's)."""
-        from omegaconf import open_dict
-
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        with open_dict(cfg):
-            cfg.hydra.job.num = num
-            cfg.hydra.job.id = f"job_{num}"
+        cfg = compose_sweep_job(self.hydra_context.config_loader, self.config, overrides, num)
         return Job(num, list(overrides), Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), "run",
                    devices=cfg.trainer.get("devices", 1), accelerator=str(cfg.trainer.get("accelerator", "auto")))
 
