@@ -194,9 +194,8 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
     except ConfigError as e:
         raise StudyStopped(f"{stage_dir}: the sweep did not start: {e}; fix it and run the same command again") \
             from None
-    except SystemExit as e:  # SIGTERM while a job trained: Lightning stopped it at a step, recorded 'interrupted'
-        if type(e).__name__ != "SIGTERMException":
-            raise
+    except SystemExit:  # a signal while a job trained: Lightning stopped it (its SIGTERMException, or its exit(1)
+        # after a KeyboardInterrupt that came before its own handler was in place); no job of a sweep exits itself
         raise KeyboardInterrupt from None  # the study stops as on Ctrl-C: one line, 128 + the signal
     print(outcome["summary"], flush=True)
     results = read_stage(d, stage_dir, cells)
