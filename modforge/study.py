@@ -48,7 +48,7 @@ def study_command(argv: list) -> None:
     from omegaconf import OmegaConf
 
     from modforge.config.composition import compose_job, load, preset_options
-    from modforge.studies import rounds, runner, writeup
+    from modforge.studies import halving, rounds, runner, writeup
     from modforge.studies.design import design_of
     from modforge.studies.stages import StageClock, owned_log, probe, write_log
 
@@ -74,6 +74,8 @@ def study_command(argv: list) -> None:
         runner.forget_unrun(study_dir)
         state = {k: v for k, v in state.items() if k == "stage_seconds"}
     runner.check_cells_compose(d)  # every arm, rung and grid value before the probe: one line naming the study key
+    if "tokens_per_param" not in d.study:  # each run's steps are the config's: halving's pauses checked now
+        halving.check(d, *runner.config_steps(d))
     state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)),
                  config=config)
     clock = StageClock(study_dir, state)
@@ -81,6 +83,7 @@ def study_command(argv: list) -> None:
     try:
         p = probe(d, study_dir, clock)
         plan = runner.make_plan(d, p)
+        halving.check(d, plan.steps, plan.val_every)  # the steps of a study with tokens_per_param: known now
         plan_text = runner.print_plan(d, p, plan, study_dir)
         state["plan"] = plan_text
         over = runner.check_budget(d, plan, opts["force"])

@@ -1,6 +1,7 @@
 """The commands as a whole: ``python -m modforge <verb>``, the files the command and its sweeper exchange
 instead of shared module state, and a job's config validated once."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def test_the_study_runner_runs_a_sweep_in_process_and_gets_its_outcome(tmp_path,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MODFORGE_FAULT", "raise@step=1@job=1")
     out = sweep([*TINY, "trainer.max_steps=2", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sw'}"])
-    assert out["exit"] == 1 and out["counts"] == {"finished": 1, "failed": 1, "diverged": 0, "interrupted": 0}
+    assert out["exit"] == 1 and out["counts"] == {"finished": 1, "failed": 1, "diverged": 0, "interrupted": 0, "paused": 0}
     assert "#1 failed: RuntimeError: fault injected at step 1" in out["summary"]
     with pytest.raises(ConfigError, match="Unknown norm 'rmss'"):
         sweep(["norm=rmss", f"hydra.sweep.dir={tmp_path / 'other'}"])
@@ -178,7 +179,8 @@ def test_a_run_paused_at_a_step_continues_to_the_uninterrupted_runs_result(tmp_p
     base = [*TINY, "trainer.max_steps=8", "trainer.val_check_interval=4"]
     main([*base, "pause_at=4", f"hydra.run.dir={tmp_path / 'p'}"])
     assert "paused at step 4 (pause_at)" in capsys.readouterr().out
-    assert read_json(tmp_path / "p" / "status.json")["status"] == "interrupted"
+    st = read_json(tmp_path / "p" / "status.json")  # with its validation there: what successive halving ranks by
+    assert st["status"] == "interrupted" and st["paused_at"] == 4 and math.isfinite(st["val"]["val/loss"])
     assert not (tmp_path / "p" / "metrics.json").exists() and (tmp_path / "p" / "checkpoints" / "last.ckpt").is_file()
     main([*base, f"hydra.run.dir={tmp_path / 'p'}"])
     main([*base, f"hydra.run.dir={tmp_path / 'u'}"])
@@ -186,7 +188,9 @@ def test_a_run_paused_at_a_step_continues_to_the_uninterrupted_runs_result(tmp_p
     assert paused["steps"] == straight["steps"] == 8
     assert paused["val"]["val/loss"] == straight["val"]["val/loss"]  # exactly
     out = sweep([*base, "seed=1,2", "pause_at=4", f"hydra.sweep.dir={tmp_path / 's'}"])
-    assert out["counts"]["interrupted"] == 2 and all("pause_at" not in j["dir"] for j in out["jobs"])
+    assert out["counts"]["paused"] == 2 and all("pause_at" not in j["dir"] for j in out["jobs"])
+    out = sweep([*base, "seed=1,2", "pause_at=4", f"hydra.sweep.dir={tmp_path / 's'}"])  # paused there: skipped
+    assert [(j["action"], j["why"]) for j in out["jobs"]] == [("skip", "paused at step 4 (pause_at=4)")] * 2
     out = sweep([*base, "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"])
     assert out["counts"]["finished"] == 2 and [j["action"] for j in out["jobs"]] == ["resume", "resume"]
     for bad, says in (("pause_at=0", "pause_at=0: pause_at must be >= 1"), ("pause_at=8", "pause_at=8: the run ends"),

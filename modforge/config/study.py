@@ -22,8 +22,8 @@ HYPOTHESES = {"question": "the question, in words", "metric": "a val metric, e.g
               "collapse_tol": "nats >= 0: a final val/loss this close to the unigram model's is a collapse"}
 DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, every arm alike), seeds (a list of "
                   "integers), extend (grid steps added past an edge optimum, an integer >= 0), rule (fit: a curve "
-                  "fitted along key, with spike, fail_level and basin; or best: the best mean, with cliff: "
-                  "{key, by, within})",
+                  "fitted along key, with spike, fail_level, basin and halving: {at, keep, least}; or best: the best "
+                  "mean, with cliff: {key, by, within})",
           "seeds": "a mapping of integers: min (>= 3), max (>= min), step (>= 1), start (the first fresh seed, "
                    "above every tuning seed)",
           "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
@@ -114,7 +114,10 @@ def _seeds(value: Any, bad) -> dict:
     return s
 
 
-TUNE_KEYS = ("params", "seeds", "extend", "cliff", "rule", "key", "spike", "fail_level", "basin")
+TUNE_KEYS = ("params", "seeds", "extend", "cliff", "rule", "key", "spike", "fail_level", "basin", "halving")
+HALVING = ("study.tune.halving={value!r}: true, or a mapping of at (fractions of a run's steps at which the worse "
+           "settings stop, increasing, each in (0, 1); default [0.25, 0.5]), keep (the share that trains on, in "
+           "(0, 1); default 0.5), least (the fewest settings of an arm kept, an integer >= 3; default 3)")
 
 
 def _tune(value: Any, bad) -> dict:
@@ -162,6 +165,11 @@ def _tune(value: Any, bad) -> dict:
             if rule != "fit":
                 raise ConfigError(f"study.tune.{opt}: a setting of rule: fit (this block's rule is {rule})")
             out[opt] = float(value[opt])
+    if "halving" in value and value["halving"] not in (None, False):
+        if rule != "fit":
+            raise ConfigError(f"study.tune.halving: goes with rule: fit (a fitted best beside a stopped rate "
+                              f"continues that rate); this block's rule is {rule}")
+        out["halving"] = _halving(value["halving"])
     if rule == "fit":
         if not fittable:
             raise ConfigError(f"study.tune.key={key!r}: rule: fit fits a curve along one tuned key, a rate of at "
@@ -169,6 +177,23 @@ def _tune(value: Any, bad) -> dict:
                               f"has {'none' if not rates else 'several'} ending in lr)")
         out["key"] = str(key)
     return out
+
+
+def _halving(value: Any) -> dict:
+    """``study.tune.halving`` as {at, keep, least} (``true``: the defaults), or one line."""
+    h = {} if value is True else value
+    bad = ConfigError(HALVING.format(value=value))
+    if not (isinstance(h, dict) and set(h) <= {"at", "keep", "least"}):
+        raise bad
+    at = h.get("at", [0.25, 0.5])
+    at = [at] if _number(at) else at
+    if not (isinstance(at, (list, tuple)) and at and all(_number(f) and 0 < f < 1 for f in at) and
+            all(a < b for a, b in zip(at, at[1:]))):
+        raise bad
+    keep, least = h.get("keep", 0.5), h.get("least", 3)
+    if not (_number(keep) and 0 < keep < 1 and _integer(least) and least >= 3):
+        raise bad
+    return {"at": [float(f) for f in at], "keep": float(keep), "least": int(least)}
 
 
 def _values(key: str, v: Any) -> list:

@@ -34,6 +34,7 @@ class Job:
     metrics: Optional[dict] = None
     task: str = "?"
     error: Optional[str] = None
+    pause: Optional[dict] = None  # paused by pause_at: {"step", "val"} (modforge.run.dirs.pause_of)
 
 def load_jobs(root: Path) -> list[Job]:
     """Every job under ``root``, whatever its status."""
@@ -54,7 +55,7 @@ def load_jobs(root: Path) -> list[Job]:
         job = Job(d, name, overrides, "unfinished", task=_task_of(d))
         state = read_state(d, owned=False)
         job.status = {"new": "unfinished", "foreign": "unreadable"}.get(state.status, state.status)
-        job.metrics, job.error = state.metrics, state.error
+        job.metrics, job.error, job.pause = state.metrics, state.error, state.pause
         if state.metrics is not None:
             recorded = state.metrics.get("config")
             job.task = str((recorded if isinstance(recorded, dict) else {}).get("task") or job.task)

@@ -42,6 +42,7 @@ class RunState:
     config: Optional[dict] = None  # the run's config.yaml
     checkpoint: Optional[Path] = None  # checkpoints/last.ckpt, when there is one
     damaged: Optional[str] = None  # why the run's own config.yaml cannot be read: it is never retrained over
+    pause: Optional[dict] = None  # a run paused by pause_at: {"step": k, "val": {metric: value at step k}}
 
     @property
     def holds_run(self) -> bool:
@@ -57,6 +58,17 @@ class RunState:
             return int(torch.load(self.checkpoint, map_location="cpu", weights_only=True, mmap=True)["global_step"])
         except Exception:  # noqa: BLE001 - unreadable: the resume itself will say why, in one line
             return None
+
+
+def pause_of(record: dict, status: str) -> Optional[dict]:
+    """An interrupted run's pause (``pause_at``) as its ``status.json`` records it: {"step", "val"}, or None (not
+    paused, or a record no pause writes)."""
+    step, val = record.get("paused_at"), record.get("val")
+    if status != "interrupted" or not isinstance(step, int) or isinstance(step, bool) or step < 1 or \
+            not isinstance(val, dict):
+        return None
+    return {"step": step, "val": {str(k): v for k, v in val.items() if isinstance(v, (int, float))
+                                  and not isinstance(v, bool)}}
 
 
 def is_run_config(config: Any) -> bool:
@@ -117,7 +129,7 @@ def read_state(d: Path, owned: bool = True) -> RunState:
             if not isinstance(record, dict):
                 raise ValueError("not a status record (expected an object)")
             status = record.get("status") if record.get("status") in ("failed", "interrupted") else "failed"
-            return RunState(status, record.get("error"), None, config, ckpt)
+            return RunState(status, record.get("error"), None, config, ckpt, pause=pause_of(record, status))
     except (OSError, ValueError, AttributeError, RecursionError) as e:  # RecursionError: JSON nested too deep
         return RunState("unreadable", f"{type(e).__name__}: {e}".splitlines()[0], None, config, ckpt)
     if config is not None or ckpt is not None or (d / "checkpoints").exists():

@@ -31,7 +31,7 @@ from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, n
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.run.summary import print_summary, say_init
 from modforge.utils.console import quiet, say
-from modforge.utils.files import write_json, write_text
+from modforge.utils.files import read_json, write_json, write_text
 
 
 @dataclass
@@ -85,7 +85,7 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
         ranks.announce(out_dir, {"resume": start.resume, "in_place": start.in_place})
     pause_at = cfg.get("pause_at")
     if pause_at is not None and start.resume and start.step >= pause_at:  # paused there before: nothing to train
-        return paused(out_dir, start.step, not follower)
+        return paused(out_dir, start.step, not follower, kept=True)
     plain = prepare_directory(cfg, out_dir, start, follower)
     clock.mark("setup")  # registry, checks, the directory's state, a checkpoint read to resume
     dm, facts = prepare_data(cfg, tokenizer)
@@ -101,7 +101,8 @@ def _story(cfg: DictConfig, out_dir: Path, resume: Optional[str], init: Optional
     clock.mark("trainer")
     fit(trainer, task, dm, start, record, clock, eval_at_start=bool(cfg.eval_at_start))
     if pause_at is not None and trainer.global_step == pause_at and divergence.diverged_at is None:
-        return paused(out_dir, trainer.global_step, trainer.is_global_zero)
+        return paused(out_dir, trainer.global_step, trainer.is_global_zero,
+                      {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
     if trainer.global_step == 0 and not start.resume and divergence.diverged_at is None:
         raise ModforgeError(f"the run trained no step: data={cfg.data.name} gave no training batch (is "
                             f"data.batch_size={cfg.data.get('batch_size')} larger than its training split?)")
@@ -322,9 +323,14 @@ def fit(trainer: Any, task: Any, dm: Any, start: Start, record: Any, clock: "mea
         os.environ.pop(ranks.FOLLOW_ENV, None)
 
 
-def paused(out_dir: Path, step: int, rank0: bool) -> dict:
-    """A run stopped by ``pause_at``: recorded as interrupted at that step (a re-run without it continues)."""
-    record = {"status": "interrupted", "error": f"paused at step {step} (pause_at); run again without it to continue"}
+def paused(out_dir: Path, step: int, rank0: bool, val: Optional[dict] = None, kept: bool = False) -> dict:
+    """A run stopped by ``pause_at``: recorded as interrupted at that step (a re-run without it continues), with
+    its validation there (``paused_at``, ``val``: what successive halving ranks runs by). ``kept``: it paused
+    there before, and its record stays as it is."""
+    record = {"status": "interrupted", "error": f"paused at step {step} (pause_at); run again without it to continue",
+              "paused_at": int(step), "val": val or {}}
+    if kept:
+        return read_json(out_dir / "status.json") or record
     if rank0:
         write_json(out_dir / "status.json", record)
         say(f"[modforge] paused at step {step} (pause_at): {out_dir} continues from there when run again without it")

@@ -182,6 +182,9 @@ def check_keys(d: Design) -> None:
         if "," in value and not value.startswith(("[", "{", "'", '"')) and not key.startswith("study."):
             raise ConfigError(f"{o}: a sweep; the study decides its jobs (declare arms in study.compare, a grid in "
                               "study.tune.params)")
+        if key in ("pause_at", "resume"):
+            raise ConfigError(f"{o}: the study pauses and continues its runs itself (study.tune.halving; run the "
+                              "same command again to continue a study)")
         if key in fixed:
             raise ConfigError(f"{o}: the study sets {key} in every job (an arm, a rung, the tuning grid, or the "
                               f"runner: {', '.join(RUNNER_KEYS)}); change it in the experiment's study: block")

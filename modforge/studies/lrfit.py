@@ -269,14 +269,15 @@ def laplace_covariance(theta, X, F, G, groups: int):
     return (vecs / vals) @ vecs.T
 
 
-def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0) -> float:
+def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0, noise: float = NOISE) -> float:
     """lr*'s interval and ``tuning_sd`` of every fitted valley, by re-drawing its runs (the fitted values plus
-    Normal noise of the pooled residual sd) and choosing again (a rate the failure model moved: under a cap drawn
-    from the model's posterior, centred on the cap chosen); -> the pooled residual sd."""
+    Normal noise of the pooled residual sd, or ``noise``, the seeds' own, when no valley has a residual degree
+    of freedom: three rates on one seed each) and choosing again (a rate the failure model moved: under a cap
+    drawn from the model's posterior, centred on the cap chosen); -> the sd used."""
     rng = random.Random(seed)
     num = sum(w * r * r for v in valleys.values() if v.fitted for r, w in v.resid)
     df = sum(sum(w for _, w in v.resid) - 3 for v in valleys.values() if v.fitted)
-    sd = math.sqrt(num / df) if df > 0 else 0.0
+    sd = math.sqrt(num / df) if df > 0.5 else noise
     for v in valleys.values():
         if not v.fitted:
             v.low = v.high = v.x
@@ -354,7 +355,7 @@ def fit_all(curves: dict, known: dict, key: str, better: str = "min", spike: flo
     if valleys:
         stability(valleys, fail_level)
         if draws >= 2:
-            tuning_variance(valleys, draws)
+            tuning_variance(valleys, draws, noise=noise)
     out = {}
     for ar, groups in slices.items():
         mine = {gk: (others, valleys[(ar, gk)]) for gk, (others, pts) in groups.items() if (ar, gk) in valleys}

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from modforge.studies import lrfit, sequential, tuning
+from modforge.studies import halving, lrfit, sequential, tuning
 from modforge.studies.design import Design
 from modforge.studies.runner import Plan
 from modforge.studies.stages import Cell, StageClock, read_stage, run_stage, stage_cells
@@ -31,7 +31,8 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
     devices: list = []  # each finished tuning run's metrics.json "devices": what it ran on
     runs = 0
 
-    def absorb(stage: Path, cells: list) -> None:
+    def absorb(stage: Path, cells: list, only: Optional[set] = None) -> None:
+        """The stage's finished runs (``only`` these cells) into the curves; every cell's setting into the grid."""
         nonlocal runs
         for c in cells:
             s = {k: c.overrides[k] for k in d.grid}
@@ -40,7 +41,9 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
                 g = grids[(c.arm, c.rung)][k]
                 if not any(tuning._same(v, x) for x in g):
                     g.append(v)
-        for res in read_stage(d, stage, cells):
+        for i, res in enumerate(read_stage(d, stage, cells)):
+            if only is not None and i not in only:
+                continue
             c = res["cell"]
             curves[(c.arm, c.rung)].setdefault(c.setting, []).append(res["value"])
             devices.append(res["metrics"].get("devices"))
@@ -50,8 +53,20 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
              for seed in d.tune_seeds]
     stage = study_dir / "tune" / "round-0"
     cells = stage_cells(stage, lambda: first)
-    run_stage(d, stage, cells, d.jobs, clock)
-    absorb(stage, cells)
+    halved = halve(d, stage, cells, plan, clock)
+    if halved is None:
+        run_stage(d, stage, cells, d.jobs, clock)
+        absorb(stage, cells)
+    else:
+        absorb(stage, cells, set(range(len(cells))) - set(halved.stopped()))
+        while True:  # a fitted best beside a stopped rate: that rate trains to its end, and the fit is made again
+            more = halving.revivals(halved, lrfit.fit_all(curves, known, better=d.better, draws=0, **d.fit),
+                                    known, d.fit["key"])
+            if not more:
+                break
+            halved.revive(more)
+            run_stage(d, stage, cells, d.jobs, clock, halved.stopped())
+            absorb(stage, cells, set(more))
     for i in range(1, d.extend + 1):
         def more() -> list:
             out = []
@@ -91,7 +106,18 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
             if (a, small) in fits:
                 fits[(a, r)] = fits[(a, small)]  # its rate carried up, with the tuning's noise
     return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs,
-            "moved": moved, "devices": devices, "fits": fits}
+            "moved": moved, "devices": devices, "fits": fits,
+            "halving": None if halved is None else {**halved.record, "saved": halved.saved()}}
+
+
+def halve(d: Design, stage: Path, cells: list, plan: Plan, clock: StageClock) -> Optional[halving.Halving]:
+    """The tuning round by successive halving (``study.tune.halving``): its pauses run, the survivors to the end;
+    None when the study does not halve."""
+    if halving.schedule(d) is None:
+        return None
+    h = halving.Halving(d, stage, cells, plan.steps, plan.val_every)
+    h.run(lambda pause: run_stage(d, stage, cells, d.jobs, clock, pause), lambda: read_stage(d, stage, cells))
+    return h
 
 
 def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from modforge.errors import ConfigError
-from modforge.studies import tuning
+from modforge.studies import halving, tuning
 from modforge.studies.design import Design
 from modforge.studies.stages import run_seconds
 
@@ -35,6 +35,7 @@ class Plan:
     hours: dict = field(default_factory=dict)  # "least", "most" -> estimated hours
     total_flops: dict = field(default_factory=dict)  # "least", "most"
     startup: float = 0.0
+    share: float = 1.0  # the least share of the tuning round's steps that it trains (successive halving: < 1)
 
 
 def make_plan(d: Design, p: dict) -> Plan:
@@ -65,9 +66,7 @@ def make_plan(d: Design, p: dict) -> Plan:
             else:
                 n = round(tokens / me["tokens_per_step"])
             steps[(arm, rung)] = max(1, int(n))
-            v = d.setting_of(arm, rung, "trainer.val_check_interval")
-            val_every[(arm, rung)] = min(int(v), steps[(arm, rung)]) if isinstance(v, int) and not isinstance(v, bool) \
-                else None
+            val_every[(arm, rung)] = validation_every(d, arm, rung, steps[(arm, rung)])
     seconds = {k: run_seconds(p[k], n, val_every[k], bool(d.setting_of(k[0], k[1], "eval_at_start"))) for k, n in steps.items()}
     flops = {k: n * p[k]["tokens_per_step"] * p[k]["flops_per_token"] for k, n in steps.items()}
     plan = Plan(steps, val_every, seconds, flops, startup=max(v["startup_seconds"] for v in p.values()))
@@ -77,6 +76,8 @@ def make_plan(d: Design, p: dict) -> Plan:
     ts = len(d.tune_seeds)
     plan.runs = {"tune": len(tuned) * n_set * ts, "extend": len(tuned) * d.extend * len(d.grid) * ts,
                  "compare_min": len(each) * d.seeds["min"], "compare_max": len(each) * d.seeds["max"]}
+    h = halving.schedule(d)
+    share = halving.expected_share(h, n_set) if h else 1.0  # halving: the least its tuning round trains
     tune_s = sum(seconds[k] for k in tuned) * n_set * ts
     ext_s = sum(seconds[k] for k in tuned) * d.extend * len(d.grid) * ts
     lo_s = sum(seconds[k] for k in each) * d.seeds["min"]
@@ -89,9 +90,29 @@ def make_plan(d: Design, p: dict) -> Plan:
     most_runs = least_runs + plan.runs["extend"] + plan.runs["compare_max"] - plan.runs["compare_min"]
     stages_lo = (1 if d.grid else 0) + 1
     stages_hi = (1 + d.extend if d.grid else 0) + len(d.looks)
-    plan.hours = {"least": wall(tune_s + lo_s, least_runs, stages_lo, d.jobs, plan.startup) / 3600,
+    plan.share = share
+    plan.hours = {"least": wall(tune_s * share + lo_s, least_runs, stages_lo + len(h["at"] if h else []), d.jobs,
+                                plan.startup) / 3600,
                   "most": wall(tune_s + ext_s + hi_s, most_runs, stages_hi, d.jobs, plan.startup) / 3600}
     return plan
+
+
+def config_steps(d: Design) -> tuple:
+    """({(arm, rung): steps}, {(arm, rung): validation interval or None}) of a study without tokens_per_param:
+    the config's, as :func:`make_plan` reads them."""
+    steps, every = {}, {}
+    for rung in d.rungs:
+        for arm in d.arms:
+            n = d.setting_of(arm, rung, "trainer.max_steps")
+            steps[(arm, rung)] = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+            every[(arm, rung)] = validation_every(d, arm, rung, steps[(arm, rung)])
+    return steps, every
+
+
+def validation_every(d: Design, arm: str, rung: str, steps: int) -> Optional[int]:
+    """A job's validation interval in steps (at most its steps), None when the config's is not in steps."""
+    v = d.setting_of(arm, rung, "trainer.val_check_interval")
+    return min(int(v), steps) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def wall(seconds: float, runs: int, stages: int, jobs: int, startup: float) -> float:
@@ -121,6 +142,8 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
         lines.append(f"\n  stage 1, tuning: {len(d.arms)} arms x {len(d.tuned_rungs)} rung(s) x "
                      f"{len(tuning.settings(d.grid))} settings of {', '.join(d.grid)} x {len(d.tune_seeds)} seeds = "
                      f"{r['tune']} runs (+ at most {r['extend']} if edge optima are extended)"
+                     + (f"; by successive halving at {halving.schedule(d)['at']} of each run's steps, as few as "
+                        f"{plan.share:.0%} of their steps" if halving.schedule(d) else "")
                      + (f"; settings carried up by transfer={d.transfer}" if d.transfer else ""))
     lines.append(f"  stage 2, comparison: fresh seeds from {d.seeds['start']}, looks at {d.looks} pairs: "
                  f"{r['compare_min']} to {r['compare_max']} runs; {d.family} comparisons in the family")

@@ -171,23 +171,30 @@ class StageClock:
             tick()
 
 
-def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: StageClock) -> None:
+def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: StageClock,
+              pause: Optional[dict] = None) -> None:
     """Run the stage's sweep (in this process; its console is this one's) unless every job already ended; stop the
-    study in one line when a job failed or the sweep was interrupted."""
+    study in one line when a job failed or the sweep was interrupted. ``pause``: {cell index: step}, the cells
+    that stop at that step this time (``pause_at``, given on the command line only: a job's name and its cell
+    stay the same at every pause); a cell paused there already has ended for this sweep, which skips it."""
     if not cells:
         return
+    pause = pause or {}
     check_cells(d, stage_dir, cells)
     results = read_stage(d, stage_dir, cells)
-    if all(r["status"] in ("finished", "collapsed", "diverged") for r in results):
+    if all(ended(r, pause.get(i)) for i, r in enumerate(results)):
         return
     pace = ("study.budget", "study.jobs")  # a sitting's own (check_same_study ignores them): not in a job's name
     given = [o for o in d.overrides if not o.lstrip("+~").startswith(pace)]
+    sent = [Cell(c.arm, c.rung, c.setting, c.seed, {**c.overrides, **({"pause_at": pause[i]} if i in pause else {})})
+            for i, c in enumerate(cells)]
     overrides = [f"experiment={d.experiment}", *given, f"hydra.sweep.dir={hydra_value(str(stage_dir))}",
-                 "hydra.sweeper.params=null", f"hydra.sweeper.cells={cells_argument(cells)}"]
+                 "hydra.sweeper.params=null", f"hydra.sweeper.cells={cells_argument(sent)}"]
     if jobs > 1:
         overrides += ["hydra/launcher=gpus", f"hydra.launcher.devices={jobs}"]
     print(f"[study] {'/'.join(stage_dir.parts[-2:]) if stage_dir.name != 'probe' else 'probe'}: {len(cells)} jobs "
-          f"({sum(r['status'] in ('finished', 'collapsed', 'diverged') for r in results)} ended before)", flush=True)
+          f"({sum(ended(r, pause.get(i)) for i, r in enumerate(results))} ended before"
+          f"{'; pausing at step ' + ', '.join(map(str, sorted(set(pause.values())))) if pause else ''})", flush=True)
     try:
         with clock.running(stage_dir):
             outcome = sweep(overrides)  # in this process; hydra/launcher=gpus starts a process per job
@@ -199,7 +206,7 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
         raise KeyboardInterrupt from None  # the study stops as on Ctrl-C: one line, 128 + the signal
     print(outcome["summary"], flush=True)
     results = read_stage(d, stage_dir, cells)
-    failed = [r for r in results if r["status"] not in ("finished", "collapsed", "diverged")]
+    failed = [r for i, r in enumerate(results) if not ended(r, pause.get(i))]
     if failed:
         r = failed[0]
         raise StudyStopped(f"{stage_dir}: {len(failed)} of {len(cells)} jobs did not end ({r['name']}: {r['status']}"
@@ -207,8 +214,18 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
                            "again (failed jobs run again with retry_failed=true)")
 
 
+def ended(result: dict, pause: Optional[int] = None) -> bool:
+    """A job that needs no more training in this sweep: it finished, collapsed or diverged, or it is to pause at
+    step ``pause`` and has paused there (or later)."""
+    if result["status"] in ("finished", "collapsed", "diverged"):
+        return True
+    return pause is not None and result["status"] == "interrupted" and result["pause"] is not None and \
+        result["pause"]["step"] >= pause
+
+
 def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
-    """Each cell's job as it stands: {"cell", "status", "value", "metrics", "name", "error"} in cell order."""
+    """Each cell's job as it stands: {"cell", "status", "value", "metrics", "name", "error", "pause"} in cell
+    order (``pause``: a paused job's step and validation there, :func:`modforge.run.dirs.pause_of`)."""
     by_num = {}
     if stage_dir.is_dir():
         jobs = load_jobs(stage_dir)
@@ -225,7 +242,8 @@ def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:
         status = j.status if j is not None else "unfinished"
         value = metric_value(j.metrics, d.metric) if j is not None and status == "finished" else math.nan
         out.append({"cell": c, "status": status, "value": value, "metrics": (j.metrics or {}) if j else {},
-                    "name": j.name if j else f"#{i}", "error": j.error if j else None})
+                    "name": j.name if j else f"#{i}", "error": j.error if j else None,
+                    "pause": j.pause if j is not None and status == "interrupted" else None})
     return out
 
 

@@ -70,6 +70,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
            "forced": state.get("forced"),
            "machines": machines_of([*tuned.get("devices", []), *(res["metrics"].get("devices")
                                                                   for res in compared["results"])])}
+    out["halving"] = tuned.get("halving")
     out["ladder"] = ladder_record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
     out["warnings"] = warnings(d, out)
     return out
@@ -151,6 +152,28 @@ def fit_section(d: Design, rec: dict) -> list:
             f"(diverged, collapsed or spiked runs against log2 of the rate) puts failure above {d.fit['fail_level']:g}; "
             "the tuning sd (the loss's sd over re-tunings) is added to each comparison's interval.", "",
             markdown_table(head, body)]
+
+
+def halving_section(d: Design, rec: dict) -> list:
+    """study.tune.halving: what each pause ranked and kept, and the steps it saved."""
+    h = rec.get("halving")
+    if not h:
+        return []
+    sv = h["saved"]
+    lines = ["", f"Successive halving (`study.tune.halving`, at {h['at']} of each run's steps, docs/studies.md): "
+             f"{sv['stopped']} of {sv['runs']} tuning runs stopped at a pause"
+             + (f", {sv['revived']} continued after the fit because its best rate was beside them" if sv["revived"]
+                else "")
+             + f"; they trained {sv['steps']:,} of the {sv['full_steps']:,} steps that training every run to its "
+             f"end takes ({sv['steps'] / sv['full_steps']:.0%}). The fit uses finished runs only.", ""]
+    head = ["rung", "arm", "pause at step", f"mean {d.metric} there, by setting (kept in bold)"]
+    body = []
+    for p in h["pauses"]:
+        for r in p["ranks"]:
+            cells = [(f"**{k}**" if k in r["kept"] else k) + (f" {v:.4f}" if v is not None else " failed")
+                     for k, v in r["settings"].items()]
+            body.append([r["rung"] or "—", r["arm"], str(r["step"]), "; ".join(cells)])
+    return lines + [markdown_table(head, body)]
 
 
 def fits_record(d: Design, tuned: dict) -> list:
@@ -282,6 +305,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                      + (f", if that one is within {d.cliff['within']:g} of it" if "within" in d.cliff else "")
                      + " (the cliff rule, declared with the grid)." if d.cliff else "")]
         lines += fit_section(d, rec)
+        lines += halving_section(d, rec)
         if "tuning.png" in plots:
             lines += ["", "![tuning curves](tuning.png)"]
     lines += ["", "## Verdicts", ""]

@@ -171,9 +171,10 @@ def blocks(jobs: list) -> list:
 
 def outcome(plan: Plan) -> dict:
     """Counts by status over every job of the sweep (its directory's record, not the launcher's word), the summary
-    to print, and the exit code of the command (1 when a job failed or was interrupted)."""
+    to print, and the exit code of the command (1 when a job failed or was interrupted). A job that paused where
+    its ``pause_at`` asked is ``paused``: done, for this command."""
     sweep_dir = plan.sweep_dir
-    counts = {s: 0 for s in ("finished", "failed", "diverged", "interrupted")}
+    counts = {s: 0 for s in ("finished", "failed", "diverged", "interrupted", "paused")}
     problems = []
     for p in plan.jobs:
         if p.action == "invalid":
@@ -181,12 +182,17 @@ def outcome(plan: Plan) -> dict:
         state = read_state(p.dir)
         status = {"new": "interrupted", "unreadable": "failed", "foreign": "failed"}.get(state.status, state.status)
         status = status if status in counts else "failed"  # whatever else a job's directory says: not a result
+        pause_at = p.cfg.get("pause_at") if p.cfg is not None else None
+        if status == "interrupted" and state.pause is not None and pause_at is not None and \
+                state.pause["step"] >= pause_at:
+            status = "paused"
         counts[status] += 1
         if status in ("failed", "interrupted"):
             why = state.error or ("not started" if state.status == "new" and p.runs else "no final record (killed?)")
             problems.append(f"  #{p.num} {status}: {why} ({p.dir})")
     invalid = sum(p.action == "invalid" for p in plan.jobs)
-    line = (f"[modforge] sweep {sweep_dir}: {len(plan.jobs)} jobs: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+    line = (f"[modforge] sweep {sweep_dir}: {len(plan.jobs)} jobs: "
+            + ", ".join(f"{v} {k}" for k, v in counts.items() if k != "paused" or v)
             + (f", {invalid} invalid (skipped)" if invalid else ""))
     bad = counts["failed"] + counts["interrupted"]
     if bad:
