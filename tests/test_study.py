@@ -21,7 +21,8 @@ BLOCK = {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"]}
 # --------------------------------------------------------------------------- the design, checked before any run
 
 @pytest.mark.parametrize("extra, says", [
-    ({"seeds": {"min": 2}}, "study.seeds="),
+    ({"seeds": {"min": 1}}, "study.seeds="),
+    ({"borrow_variance": "yes"}, "study.borrow_variance='yes': true or false"),
     ({"seeds": {"min": 4, "max": 3}}, "study.seeds="),
     ({"tune": {"params": {"optim.lr": 0.001}}}, "study.tune.params.optim.lr=0.001: a list of values"),
     ({"tune": {"params": {"optim.lr": {"from": 0.01, "to": 0.001, "points": 5}}}}, "study.tune.params.optim.lr="),
@@ -72,46 +73,6 @@ def test_arms_may_be_written_as_mappings():
     d = design_of("x", [], {**BLOCK, "baseline": {"ffn": "mlp", "ffn.activation": "silu"}, "compare": [{"ffn": "swiglu"}]})
     assert list(d.arms) == ["ffn=mlp,ffn.activation=silu", "ffn=swiglu"]
     assert d.arms["ffn=mlp,ffn.activation=silu"] == {"ffn": "mlp", "ffn.activation": "silu"}
-
-
-# --------------------------------------------------------------------------- adaptive seeds
-
-def test_alpha_is_spent_over_the_planned_looks():
-    assert sequential.looks(3, 6, 1) == [3, 4, 5, 6] and sequential.looks(3, 8, 2) == [3, 5, 7, 8]
-    spent = sequential.spent(0.95, [3, 4, 5, 6])
-    assert math.isclose(sum(spent), 0.05) and all(a > 0 for a in spent)
-    assert math.isclose(spent[0], 0.05 * (3 / 6) ** 2)  # the power family, rho = 2
-
-
-def test_the_adaptive_design_holds_its_error_rate_and_spends_fewer_runs_than_the_fixed_design_of_its_power():
-    # under the null (two comparisons, no true difference) the family's error stays at the level across the looks;
-    # each look at the full alpha/k instead (no spending) would reject about twice as often
-    null = sequential.simulate([0.0, 0.0], 1.0, 3, 8, 1, level=0.95, trials=800, seed=1)
-    assert null.any_false <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 800)
-    assert null.mean_pairs > 7.5  # nothing to find: it runs to the maximum
-    # a difference exactly at the margin is not called equivalent more often than alpha
-    edge = sequential.simulate([0.3], 0.2, 3, 8, 1, level=0.95, margin=0.3, trials=800, seed=2)
-    assert edge.claims.get("equivalent", 0) <= 0.05
-    # a difference the design is powered for: the adaptive design stops early
-    hit = sequential.simulate([2.0], 1.0, 3, 10, 1, level=0.95, trials=800, seed=3)
-    fixed = sequential.fixed_pairs_for(hit.power, 2.0, 1.0, 0.95, 1)
-    assert hit.power > 0.95 and hit.mean_pairs < fixed - 1, (hit, fixed)
-    check = sequential.simulate([2.0], 1.0, 0, 0, 1, level=0.95, trials=800, seed=3, fixed=fixed)
-    assert check.power >= hit.power - 0.03  # the fixed design of that many pairs has that power
-
-
-def test_a_decision_is_final_only_when_decided_or_at_the_last_look():
-    planned = sequential.looks(3, 5, 1)
-    clear = {s: 1.0 + 0.01 * s for s in range(3)}
-    base = {s: 0.0 + 0.012 * s for s in range(3)}
-    d = sequential.decide(clear, base, planned, 0.95, 1)
-    assert d.final and d.word == "worse" and d.look == 0
-    noisy = {0: 0.1, 1: -0.2, 2: 0.05}
-    d = sequential.decide(noisy, {0: 0.0, 1: 0.0, 2: 0.0}, planned, 0.95, 1)
-    assert not d.final and d.word == "open"
-    noisy.update({3: 0.2, 4: -0.1})
-    d = sequential.decide(noisy, {s: 0.0 for s in noisy}, planned, 0.95, 1)
-    assert d.final and d.word == "inconclusive" and "MDE" in d.why
 
 
 # --------------------------------------------------------------------------- tuning
@@ -355,7 +316,7 @@ def test_the_report_says_what_the_runs_ran_on_and_what_their_records_leave_out()
     (["dir=x"], "experiment=<name> is required (see --help)"),
     (["experiment=norm_quick", "jobs=0"], "jobs=0: a whole number >= 1"),
     (["experiment=norm_quick", "seed=5"], "seed=5: the study sets seed in every job"),
-    (["experiment=norm_quick", "study.seeds.min=2"], "study.seeds={'min': 2, 'max': 6"),
+    (["experiment=norm_quick", "study.seeds.min=1"], "study.seeds={'min': 1, 'max': 6"),
 ])
 def test_a_study_command_with_a_mistake_is_one_line_before_any_run(argv, says, capsys, tmp_path, monkeypatch):
     from modforge import study
@@ -413,12 +374,18 @@ def test_what_the_review_found_stays_fixed(tmp_path):
     # the command's switches (retry_failed=true after a failed job) do not make it another study
     d = design_of("x", ["retry_failed=true"], BLOCK)
     runner.check_same_study(d, {"experiment": "x", "overrides": [], "study": d.study}, tmp_path)
-    # each round spends its own look's alpha, even when a lost run leaves it fewer pairs than planned
+    # each round reads its own look's critical value, even when a lost run leaves it fewer pairs than planned
+    from modforge.studies import boundaries
+
     planned = sequential.looks(4, 6, 1)
-    x = {s: 0.1 * s for s in range(4)}
+    crit = boundaries.critical_values(boundaries.Layout((2,), tuple(planned)))
+    x = {s: 0.1 * s + 0.01 * (s % 2) for s in range(5)}
     x[3] = float("nan")  # diverged
-    dec = sequential.decide(x, {s: 0.0 for s in range(4)}, planned, 0.95, 1, look=1)
-    assert dec.look == 1 and dec.comparison.level == pytest.approx(1 - sequential.spent(0.95, planned)[1])
+    dec = sequential.decide_rung({"b": {s: 0.0 for s in range(5)}, "x": x}, "b", ["x"], ["x"], 1, crit,
+                                 planned=planned)["x"]
+    assert dec.look == 1 and dec.comparison.n == 4 and dec.comparison.df == 3
+    assert dec.comparison.level == pytest.approx(1 - 2 * __import__("scipy").stats.t.sf(
+        sequential.at_df(crit[1], 4, 3), 3))
     # an arm without a finite mean at a rung is not ranked, and the others keep their order
     assert ladder.rankings({"r": {"a": 3.0, "b": float("nan"), "c": 1.0}}) == {"r": ["c", "a"]}
     # the ladder pairs on the seeds every arm finished at a rung

@@ -24,7 +24,7 @@ DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, eve
                   "integers), extend (grid steps added past an edge optimum, an integer >= 0), rule (fit: a curve "
                   "fitted along key, with spike, fail_level, basin and halving: {at, keep, least}; or best: the best "
                   "mean, with cliff: {key, by, within})",
-          "seeds": "a mapping of integers: min (>= 3), max (>= min), step (>= 1), start (the first fresh seed, "
+          "seeds": "a mapping of integers: min (>= 2: the first look), max (>= min), step (>= 1), start (the first fresh seed, "
                    "above every tuning seed)",
           "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
                    "[{model.d_model: 64}, {model.d_model: 128}]",
@@ -37,7 +37,10 @@ DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, eve
           "width_key": "the key whose value is a rung's width for transfer=inverse_width (default model.d_model)",
           "budget": "a mapping: hours and/or runs, positive numbers; the study refuses a plan that could exceed "
                     "it unless started with force=true",
-          "jobs": "an integer >= 1: jobs run side by side, each with its share of the cores"}
+          "jobs": "an integer >= 1: jobs run side by side, each with its share of the cores",
+          "borrow_variance": "true or false: the comparison pools the between-seed variance of the tuning runs "
+                             "near each arm's chosen rate with its own (valid when their noise is the comparison "
+                             "runs': same steps and data; spiked runs left out)"}
 STUDY_KEYS = {**HYPOTHESES, **DESIGN}
 
 
@@ -81,6 +84,8 @@ def check_study(block: Any) -> dict:
             raise bad()
         if key == "jobs" and not (_integer(value) and value >= 1):
             raise bad()
+        if key == "borrow_variance" and not isinstance(value, bool):
+            raise bad()
         if key == "sizes" and not (isinstance(value, (list, tuple)) and value and
                                    all(isinstance(r, dict) and r for r in value)):
             raise bad()
@@ -109,7 +114,7 @@ def _seeds(value: Any, bad) -> dict:
         raise bad()
     s = {"min": 3, "step": 1, "start": 1000, **value}
     s.setdefault("max", s["min"])
-    if not (s["min"] >= 3 and s["max"] >= s["min"] and s["step"] >= 1 and s["start"] >= 0):
+    if not (s["min"] >= 2 and s["max"] >= s["min"] and s["step"] >= 1 and s["start"] >= 0):
         raise bad()
     return s
 

@@ -234,13 +234,14 @@ def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool
     return c
 
 
-def verdict(c: Comparison, better: str = "min", margin: Optional[float] = None) -> tuple:
+def verdict(c: Comparison, better: str = "min", margin: Optional[float] = None, test: Optional[str] = None) -> tuple:
     """-> (word, what it rests on): ``better``, ``worse``, ``equivalent``, ``inconclusive`` or ``undecided``.
     ``better``: the direction in which the metric improves (min or max); ``margin``: the declared m of
-    "equivalent within ±m" (None: none declared, so no equivalence can be claimed)."""
+    "equivalent within ±m" (None: none declared, so no equivalence can be claimed); ``test``: how the interval
+    was made, as the reason says it (default: the test, its pairs and the family)."""
     if not c.decided:
         return "undecided", c.why
-    test = f"{c.test}, n={c.n}" + (f", {c.family} in the family" if c.family > 1 else "")
+    test = test or f"{c.test}, n={c.n}" + (f", {c.family} in the family" if c.family > 1 else "")
     if c.low > 0 or c.high < 0:
         word = "better" if (c.estimate < 0) == (better == "min") else "worse"
         inside = margin is not None and -margin < c.low and c.high < margin

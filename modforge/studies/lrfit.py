@@ -372,6 +372,45 @@ def fit_all(curves: dict, known: dict, key: str, better: str = "min", spike: flo
     return out
 
 
+def trouble_near(v: Valley, spike: float = SPIKE) -> Optional[float]:
+    """Whether an arm's tuning failed near the rate chosen for it: a failed or spiked run within one grid step
+    of it (the grid's smallest spacing in log2). -> the spike size its comparison is to allow for (the largest
+    excess of such a spike over its rate's best run, at least ``spike``), or None when none failed there."""
+    xs = sorted({x for x, _, _ in v.points})
+    if not xs or not math.isfinite(v.x):
+        return None
+    step = min((b - a for a, b in zip(xs, xs[1:])), default=0.0)
+    near = [(x, y, st) for x, y, st in v.points if st in ("spike", "failed") and abs(x - v.x) <= step + 1e-9]
+    if not near:
+        return None
+    size = spike
+    for x, y, st in near:
+        twins = [yy for xx, yy, ss in v.points if xx == x and ss == "ok" and math.isfinite(yy)]
+        if st == "spike" and twins and math.isfinite(y):
+            size = max(size, y - min(twins))
+    return size
+
+
+def seed_variance(v: Valley) -> tuple:
+    """(sum of squares, df) of the runs of one rate about their mean, over the rates within one grid step of
+    the chosen one, without failed or spiked runs: the between-seed noise of an arm's runs near its rate, which
+    a comparison may pool with its own (``study.borrow_variance``)."""
+    xs = sorted({x for x, _, _ in v.points})
+    step = min((b - a for a, b in zip(xs, xs[1:])), default=0.0)
+    ss, df = 0.0, 0
+    if not math.isfinite(v.x):
+        return ss, df
+    for x in xs:
+        if abs(x - v.x) > step + 1e-9:
+            continue
+        ys = [y for xx, y, st in v.points if xx == x and st == "ok" and math.isfinite(y)]
+        if len(ys) >= 2:
+            m = sum(ys) / len(ys)
+            ss += sum((y - m) ** 2 for y in ys)
+            df += len(ys) - 1
+    return ss, df
+
+
 def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> dict:
     """One arm-rung's choice as data (``report.json``), in the metric's own direction; rates as rates."""
     v, sign = ch.valley, 1.0 if better == "min" else -1.0

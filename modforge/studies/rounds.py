@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from modforge.studies import halving, lrfit, sequential, tuning
+from modforge.studies import boundaries, halving, lrfit, sequential, tuning
 from modforge.studies.design import Design
 from modforge.studies.runner import Plan
 from modforge.studies.stages import Cell, StageClock, read_stage, run_stage, stage_cells
@@ -164,6 +164,14 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
         for a in d.compared:
             if chosen.get((a, r), {}) is None and (a, r) not in decisions:
                 decisions[(a, r)] = "no setting that trained (every tuning run diverged or collapsed)"
+    fits = fits or {}
+    members = {r: [a for a in d.compared if (a, r) not in decisions] for r in d.rungs}  # compared on seeds
+    borrowed = {r: borrowed_variance(d, fits, [d.baseline, *members[r]], r) for r in d.rungs}
+    layout = boundaries.Layout(tuple(len(m) + 1 for m in members.values() if m), tuple(d.looks), d.level,
+                               borrowed=tuple(borrowed[r][1] for r in d.rungs if members[r]))
+    crit = boundaries.critical_values(layout, study_dir / "boundaries.json") if layout.arms else []
+    prone = {r: {a: size for a in [d.baseline, *members[r]] if (a, r) in fits and
+                 (size := lrfit.trouble_near(fits[(a, r)].valley, d.fit["spike"])) is not None} for r in d.rungs}
     rounds = []
     have = 0
     span = math.inf
@@ -187,12 +195,34 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
                 span = float(info["high"]) - float(info["low"])
         rounds.append(sorted({(c.arm, c.rung) for c in cells}))
         have = n
-        for a, r in open_:
-            decisions[(a, r)] = sequential.decide(values[(a, r)], values[(d.baseline, r)], d.looks, d.level,
-                                                  d.family, d.better, d.margin, span, look=j,
-                                                  extra_var=tuning_var(fits or {}, (a, r)) +
-                                                  tuning_var(fits or {}, (d.baseline, r)))
-    return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results)}
+        for r in d.rungs:
+            here = [a for a, rr in open_ if rr == r]
+            if not here:
+                continue
+            got = sequential.decide_rung({a: values[(a, r)] for a in [d.baseline, *members[r]]}, d.baseline,
+                                         members[r], here, j, crit, d.better, d.margin, span,
+                                         {a: tuning_var(fits, (a, r)) + tuning_var(fits, (d.baseline, r))
+                                          for a in here}, planned=d.looks, spike=d.fit["spike"],
+                                         prone=prone[r], family=max(1, layout.family), level=d.level,
+                                         borrowed=borrowed[r])
+            for a, dec in got.items():
+                decisions[(a, r)] = dec
+    return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results),
+            "critical": crit, "prone": prone, "borrowed": borrowed}
+
+
+def borrowed_variance(d: Design, fits: dict, arms: list, rung: str) -> tuple:
+    """(sum of squares, df) the rung's comparison pools from its arms' tuning runs near their chosen rates
+    (``study.borrow_variance: true``; :func:`modforge.studies.lrfit.seed_variance`), else (0, 0). Only a rung that
+    was tuned has such runs (a rate carried up by ``transfer`` has none there)."""
+    if not d.study.get("borrow_variance") or rung not in d.tuned_rungs:
+        return 0.0, 0
+    ss, df = 0.0, 0
+    for a in arms:
+        if (a, rung) in fits:
+            s_, d_ = lrfit.seed_variance(fits[(a, rung)].valley)
+            ss, df = ss + s_, df + d_
+    return ss, df
 
 
 def tuning_var(fits: dict, ar: tuple) -> float:

@@ -333,7 +333,8 @@ def run_seconds(p: dict, steps: int, val_every: Optional[int], eval_at_start: bo
 
 
 MARK = "modforge study"  # study.json's "kind": the directory is a study's (logs written before it: experiment + study)
-STUDY_ENTRIES = ("study.json", "study.md", "report.json", "tuning.png", "ladder.png", "probe", "tune", "compare")
+STUDY_ENTRIES = ("study.json", "study.md", "report.json", "tuning.png", "ladder.png", "boundaries.json", "probe", "tune",
+                 "compare")
 
 
 def read_log(study_dir: Path) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from modforge.results import jobs, stats
 from modforge.results.formats import fmt_count, markdown_table
-from modforge.studies import ladder, lrfit, sequential, tuning
+from modforge.studies import boundaries, ladder, lrfit, sequential, tuning
 from modforge.studies.design import Design
 from modforge.studies.rounds import tuning_var
 from modforge.utils.files import write_json, write_text
@@ -27,7 +27,9 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
              and isinstance(res["metrics"].get("train_flops"), (int, float))]  # not a run that stopped early
         flops[(a, r)] = statistics.fmean(f) if f else plan.flops[(a, r)]
         n_bad = sum(res["status"] in ("diverged", "collapsed") for res in runs)
-        bad[(a, r)] = (n_bad, len(runs))
+        spiked = sequential.troubled({k: v for k, v in by_seed.items() if math.isfinite(v)}, d.fit["spike"],
+                                     d.better)[1]
+        bad[(a, r)] = (n_bad + spiked, len(runs))  # trouble: an outcome of its own (diverged, collapsed, spiked)
         iv = arm_interval(fin, runs, d.metric, d.level)
         epochs = [res["metrics"].get("epochs") for res in runs if isinstance(res["metrics"].get("epochs"), (int, float))]
         dropout = [res["metrics"].get("dropout") for res in runs if isinstance(res["metrics"].get("dropout"), (int, float))]
@@ -36,11 +38,12 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                           "params_non_embedding": p[(a, r)]["params_non_embedding"], "n": len(fin),
                           "mean": iv.estimate, "low": iv.low, "high": iv.high,
                           "sd": statistics.stdev(fin) if len(fin) > 1 else math.nan,
-                          "diverged_or_collapsed": n_bad, "runs": len(runs),
+                          "diverged_or_collapsed": n_bad, "spiked": spiked, "runs": len(runs),
+                          "prone": a in ((compared.get("prone") or {}).get(r) or {}),
                           "values": {str(seed): v for seed, v in sorted(by_seed.items())},  # per fresh seed
                           "epochs": max(epochs) if epochs else math.nan, "dropout": max(dropout) if dropout else math.nan})
     planned = d.looks
-    spent = sequential.spent(d.level, planned)
+    spent = boundaries.spending(d.level, planned)
     verdicts = []
     for r in d.rungs:
         for a in d.compared:
@@ -56,11 +59,13 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                              "tuning_sd": tuning_sd,
                              "low": c.low, "high": c.high, "level": 1 - c.alpha, "pairs": c.n, "look": dec.look + 1,
                              "p": c.p, "p_adjusted": c.p_adjusted, "mde": c.mde if dec.word == "inconclusive" else math.nan,
-                             "corr": c.corr, "outcome_p": stats.fisher(n_all[0], n_all[1], n_base[0], n_base[1])})
+                             "corr": c.corr, "outcome_p": stats.fisher(n_all[0], n_all[1], n_base[0], n_base[1]),
+                             "model": c.test, "futile": dec.futile, "trouble": list(n_all),
+                             "trouble_base": list(n_base)})
     fixed_runs = len(d.arms) * len(d.rungs) * d.seeds["max"]
     out = {"experiment": d.experiment, "question": d.study.get("question"), "declared": d.study,
            "overrides": d.overrides, "metric": d.metric, "better": d.better, "level": d.level, "margin": d.margin,
-           "family": d.family, "looks": planned, "alpha_per_look": spent, "arms": arms_rows, "verdicts": verdicts,
+           "family": d.family, "looks": planned, "alpha_per_look": spent, "critical": compared.get("critical"), "arms": arms_rows, "verdicts": verdicts,
            "tuning": tuning_record(d, tuned), "fits": fits_record(d, tuned), "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
                                                         "compare_fixed_design": fixed_runs,
                                                         "rounds": [[f"{a} @ {r or 'the config'}" for a, r in rnd]
@@ -255,9 +260,11 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
              f"- Family: {fam} = {d.family}, at level {d.level:g} as a whole; "
              + (f"equivalence margin ±{d.margin:g}." if d.margin is not None else "no equivalence margin declared "
                                                                                    "(no equivalence can be claimed)."),
-             f"- Seeds: fresh from {d.seeds['start']}, looks at {d.looks} pairs; alpha per look "
-             f"{', '.join(f'{a:.4f}' for a in rec['alpha_per_look'])} (power-family spending, ρ = {sequential.RHO:g}, "
-             "shared by the family's comparisons; docs/studies.md)."]
+             f"- Seeds: fresh from {d.seeds['start']}, looks at {d.looks} pairs; the family's alpha spent over them "
+             f"{', '.join(f'{a:.4f}' for a in rec['alpha_per_look'])} (power family, ρ = {boundaries.RHO:g}); "
+             + (f"critical values {', '.join('—' if c is None or not math.isfinite(c) else f'{c:.3g}' for c in rec['critical'])} "
+                "for |Δ| / se at those looks, calibrated by simulation for this family (docs/studies.md)"
+                if rec.get("critical") else "no comparison on seeds") + "."]
     if d.grid:
         lines.append(f"- Tuning, every arm alike: {', '.join(f'`{k}` in {v}' for k, v in d.grid.items())}, seeds "
                      f"{d.tune_seeds}, extended past an edge at most {d.extend} time(s)"
@@ -323,18 +330,24 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                      str(v["pairs"]), str(v["look"]), f"{v['p']:.2g}" if math.isfinite(v["p"]) else "",
                      f"{v['corr']:.2f}" if math.isfinite(v["corr"]) else ""])
     lines += [markdown_table(head, body), "",
-              "Δ is arm − baseline over the seeds both finished; the interval is at the level its look could spend "
-              "(so every verdict, at whatever look it was reached, holds for the family at the declared level); the "
-              "verdict is read off that interval, not off p, which is the paired t test's own. Comparison rounds (arm-rungs run in each): " + "; ".join(
+              "Δ is arm − baseline, from the rung's randomised-block model (seed as block) or, where an arm's runs "
+              "spiked, its own paired differences; the interval is est ± c·se with the look's critical value c, "
+              "calibrated by simulation so that the whole family, over every look, holds the declared level (an arm "
+              "whose tuning failed near its rate gets its interval widened for the spikes its runs have not shown); "
+              "the verdict is read off that interval, not off p, which is the single t test's own. A futile "
+              "comparison stopped adding seeds (its chance of a decision by the last look was under 2%). "
+              "Comparison rounds (arm-rungs run in each): " + "; ".join(
                   f"{i + 1}: {len(x)}" for i, x in enumerate(r["rounds"])) + "."]
     lines += ["", "## Arms", ""]
     head = ["rung", "arm", "setting", "params (non-emb.)", "steps", "tokens", "train FLOPs", "n", "mean", "interval",
-            "sd", "diverged or collapsed"]
+            "sd", "trouble: diverged or collapsed / spiked / runs"]
     body = [[a["rung"] or "—", a["arm"], tuning.key_of(a["setting"]) if a["setting"] else ("—" if a["setting"] == {} else "none trained"),
              fmt_count(a["params_non_embedding"]), str(a["steps"]), fmt_count(a["tokens"]), f"{a['train_flops']:.3g}",
              str(a["n"]), f"{a['mean']:.4f}" if math.isfinite(a["mean"]) else "",
              f"[{a['low']:.4f}, {a['high']:.4f}]" if math.isfinite(a["low"]) else "",
-             f"{a['sd']:.4f}" if math.isfinite(a["sd"]) else "", f"{a['diverged_or_collapsed']}/{a['runs']}"]
+             f"{a['sd']:.4f}" if math.isfinite(a["sd"]) else "",
+             f"{a['diverged_or_collapsed']} / {a.get('spiked', 0)} / {a['runs']}"
+             + ("; its tuning failed near its rate" if a.get("prone") else "")]
             for a in rec["arms"]]
     lines += [markdown_table(head, body)]
     lad = rec["ladder"]

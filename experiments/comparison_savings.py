@@ -1,0 +1,85 @@
+"""What the comparison design spends on the shipped studies' own truths (issue 48), as docs/studies.md quotes it.
+
+For each committed study (``experiments/results/*/study*/report.json``) each comparison's truth is what it
+measured: its Δ (the committed estimate) and its rung's noise (the sd of a run, pooled over the rung's arms).
+The family (every compared arm at every rung) is simulated under the sequential design with seeds
+``--looks`` (default 3 to 12) and its expected number of correct decisions and comparison runs measured; the
+*smallest fixed design that makes as many decisions* is the fewest seeds n at which a single look (the same
+block model, Dunnett's critical value for the family) reaches that expected number; its runs are n per arm.
+
+    python experiments/comparison_savings.py [--families 4000] [--looks 3,12]
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def truths(report: dict) -> tuple:
+    """(rungs, margin): per rung, the compared arms' Δ and the rung's pooled sd of a run."""
+    from modforge.studies.sequential import Rung
+
+    by_rung: dict = {}
+    for v in report["verdicts"]:
+        if "estimate" in v and math.isfinite(v["estimate"]):
+            by_rung.setdefault(v["rung"], []).append(v["estimate"])
+    rungs = []
+    for rung, effects in by_rung.items():
+        sds = [a["sd"] for a in report["arms"] if a["rung"] == rung and math.isfinite(a.get("sd", math.nan))]
+        rungs.append(Rung(effects, sd=math.sqrt(statistics.fmean(s * s for s in sds))))
+    return rungs, report.get("margin")
+
+
+def correct(sim) -> float:
+    return sim.power
+
+
+def savings(rungs: list, margin, looks: list, families: int) -> dict:
+    from modforge.studies.sequential import simulate
+
+    k = sum(len(r.effects) for r in rungs)
+    arms = sum(len(r.effects) + 1 for r in rungs)
+    adaptive = simulate(rungs, looks, margin=margin, families=families, seed=1)
+    want = adaptive.power * k
+    for n in range(2, 61):
+        fixed = simulate(rungs, [n], margin=margin, families=families, seed=2, use_futility=False)
+        if fixed.power * k >= want - 1e-9:
+            break
+    return {"comparisons": k, "decisions": want, "runs": adaptive.runs, "fixed_n": n, "fixed_runs": n * arms,
+            "ratio": adaptive.runs / (n * arms), "false": adaptive.any_false}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", type=int, default=4000)
+    p.add_argument("--looks", default="3,12", help="first,last seeds of the sequential design (a look at each)")
+    a = p.parse_args(argv)
+    first, last = (int(x) for x in a.looks.split(","))
+    looks = list(range(first, last + 1))
+    warnings.simplefilter("ignore", RuntimeWarning)
+    rows = []
+    for f in sorted(ROOT.glob("experiments/results/*/study*/report.json")):
+        report = json.loads(f.read_text())
+        rungs, margin = truths(report)
+        if not rungs:
+            continue
+        s = savings(rungs, margin, looks, a.families)
+        rows.append((str(f.parent.relative_to(ROOT / "experiments" / "results")), s))
+    print(f"| study | comparisons | expected decisions | runs, sequential {first}-{last} | smallest fixed design "
+          "with as many | ratio | false claims |")
+    print("|---|---|---|---|---|---|---|")
+    for name, s in rows:
+        print(f"| {name} | {s['comparisons']} | {s['decisions']:.2f} | {s['runs']:.1f} | {s['fixed_n']} seeds, "
+              f"{s['fixed_runs']} runs | {s['ratio']:.2f} | {s['false']:.3f} |")
+    total = sum(s["runs"] for _, s in rows) / sum(s["fixed_runs"] for _, s in rows)
+    print(f"\nall studies: {total:.2f} x the runs of the fixed designs")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
