@@ -7,7 +7,7 @@ The family (every compared arm at every rung) is simulated under the sequential 
 *smallest fixed design that makes as many decisions* is the fewest seeds n at which a single look (the same
 block model, Dunnett's critical value for the family) reaches that expected number; its runs are n per arm.
 
-    python experiments/comparison_savings.py [--families 4000] [--looks 3,12] [--borrow 0]
+    python experiments/comparison_savings.py [--families 4000] [--looks 3,12] [--borrow 0] [--paired]
 
 The fixed design never borrows (it is today's report on a sweep). A comparison whose true Δ lies inside the
 margin is decided rightly as equivalent or as a difference of its sign.
@@ -39,33 +39,14 @@ def truths(report: dict, borrowed: int = 0) -> tuple:
     return rungs, report.get("margin")
 
 
-def correct(sim) -> float:
-    return sim.power
-
-
-def savings(rungs: list, margin, looks: list, families: int) -> dict:
-    from modforge.studies.sequential import simulate
-
-    k = sum(len(r.effects) for r in rungs)
-    arms = sum(len(r.effects) + 1 for r in rungs)
-    adaptive = simulate(rungs, looks, margin=margin, families=families, seed=1)
-    want = adaptive.power * k
-    for n in range(2, 61):
-        fixed = simulate([type(r)(r.effects, sd=r.sd) for r in rungs], [n], margin=margin, families=families, seed=2,
-                         use_futility=False)
-        if fixed.power * k >= want - 1e-9:
-            break
-    else:
-        n = math.inf  # no fixed design up to 60 seeds makes as many decisions
-    return {"comparisons": k, "decisions": want, "runs": adaptive.runs, "fixed_n": n, "fixed_runs": n * arms,
-            "ratio": adaptive.runs / (n * arms), "false": adaptive.any_false}
-
-
 def main(argv=None) -> None:
+    from modforge.studies.sequential import against_fixed
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", type=int, default=4000)
     p.add_argument("--looks", default="3,12", help="first,last seeds of the sequential design (a look at each)")
     p.add_argument("--borrow", type=int, default=0, help="df of variance borrowed from the tuning runs, per rung")
+    p.add_argument("--paired", action="store_true", help="the fixed design: each comparison's own paired t")
     a = p.parse_args(argv)
     first, last = (int(x) for x in a.looks.split(","))
     looks = list(range(first, last + 1))
@@ -76,13 +57,14 @@ def main(argv=None) -> None:
         rungs, margin = truths(report, a.borrow)
         if not rungs:
             continue
-        s = savings(rungs, margin, looks, a.families)
+        s = against_fixed(rungs, looks, margin, families=a.families, paired=a.paired)
+        s["comparisons"] = sum(len(r.effects) for r in rungs)
         rows.append((str(f.parent.relative_to(ROOT / "experiments" / "results")), s))
     print(f"| study | comparisons | expected decisions | runs, sequential {first}-{last} | smallest fixed design "
           "with as many | ratio | false claims |")
     print("|---|---|---|---|---|---|---|")
     for name, s in rows:
-        print(f"| {name} | {s['comparisons']} | {s['decisions']:.2f} | {s['runs']:.1f} | {s['fixed_n']} seeds, "
+        print(f"| {name} | {s['comparisons']} | {s['decisions']:.2f} | {s['runs']:.1f} | {s['fixed_seeds']} seeds, "
               f"{s['fixed_runs']} runs | {s['ratio']:.2f} | {s['false']:.3f} |")
     kept = [s for _, s in rows if math.isfinite(s["fixed_runs"])]
     total = sum(s["runs"] for s in kept) / sum(s["fixed_runs"] for s in kept)

@@ -4,6 +4,7 @@ warnings), ``report.json`` (the same, as data) and the plots (``tuning.png``, ``
 optional ``report`` extra)."""
 import math
 import statistics
+from typing import Optional
 from pathlib import Path
 
 from modforge.results import jobs, stats
@@ -76,6 +77,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
            "machines": machines_of([*tuned.get("devices", []), *(res["metrics"].get("devices")
                                                                   for res in compared["results"])])}
     out["halving"] = tuned.get("halving")
+    out["runs"]["against_fixed"] = against_fixed(d, verdicts, arms_rows)
     out["ladder"] = ladder_record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
     out["warnings"] = warnings(d, out)
     return out
@@ -83,6 +85,25 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
 
 # what decides a run's last digits on a machine (metrics.json's "devices"; modforge.utils.devices)
 MACHINE_KEYS = ("accelerator", "gpus", "cpu", "cpu_capability", "cpu_threads", "cpu_kernel_env")
+
+
+def against_fixed(d: Design, verdicts: list, arms_rows: list) -> Optional[dict]:
+    """The comparison runs against the smallest fixed design that would make as many right decisions, both
+    simulated at this study's own estimates (each comparison's Δ, each rung's sd of a run):
+    :func:`modforge.studies.sequential.against_fixed`; None when nothing was compared on seeds."""
+    rungs = []
+    for r in d.rungs:
+        effects = [v["estimate"] for v in verdicts if v["rung"] == r and math.isfinite(v.get("estimate", math.nan))]
+        sds = [a["sd"] for a in arms_rows if a["rung"] == r and math.isfinite(a["sd"])]
+        if effects and sds:
+            rungs.append(sequential.Rung(effects, sd=math.sqrt(statistics.fmean(x * x for x in sds))))
+    if not rungs:
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return sequential.against_fixed(rungs, d.looks, d.margin, d.level)
 
 
 def machines_of(devices: list) -> list:
@@ -286,9 +307,14 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
         lines.append(f"- Budget: {', '.join(f'{v:g} {k}' for k, v in s['budget'].items())}.")
     lines += ["", "## Plan, as printed before the runs", "", "```text", plan_text, "```", ""]
     r = rec["runs"]
+    fx = r.get("against_fixed")
     lines.append(f"Spent: {r['probe']} probe runs, {r['tune']} tuning runs, {r['compare']} comparison runs "
-                 f"(the fixed design at {d.seeds['max']} seeds would have run {r['compare_fixed_design']}); "
-                 f"{rec['wall_hours'] * 60:.1f} min of wall time, {rec['jobs']} job(s) side by side.")
+                 f"(the fixed design at {d.seeds['max']} seeds would have run {r['compare_fixed_design']}"
+                 + (f"; simulated at this study's own estimates, the design spends {fx['runs']:.1f} comparison runs "
+                    f"for {fx['decisions']:.2f} right decisions, where the smallest fixed design making as many needs "
+                    + (f"{fx['fixed_seeds']} seeds, {fx['fixed_runs']} runs ({fx['ratio']:.2f}x)"
+                       if math.isfinite(fx["fixed_seeds"]) else "more than 60 seeds") if fx else "")
+                 + f"); {rec['wall_hours'] * 60:.1f} min of wall time, {rec['jobs']} job(s) side by side.")
     if rec.get("forced"):
         lines += ["", f"Started past its declared budget with force=true: {rec['forced']}."]
     if rec.get("machines"):
