@@ -316,7 +316,7 @@ def test_the_report_says_what_the_runs_ran_on_and_what_their_records_leave_out()
     (["dir=x"], "experiment=<name> is required (see --help)"),
     (["experiment=norm_quick", "jobs=0"], "jobs=0: a whole number >= 1"),
     (["experiment=norm_quick", "seed=5"], "seed=5: the study sets seed in every job"),
-    (["experiment=norm_quick", "study.seeds.min=1"], "study.seeds={'min': 1, 'max': 6"),
+    (["experiment=norm_quick", "study.seeds.min=1"], "study.seeds={'min': 1, 'max': 12"),
 ])
 def test_a_study_command_with_a_mistake_is_one_line_before_any_run(argv, says, capsys, tmp_path, monkeypatch):
     from modforge import study
