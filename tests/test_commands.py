@@ -191,6 +191,14 @@ def test_a_run_paused_at_a_step_continues_to_the_uninterrupted_runs_result(tmp_p
     assert out["counts"]["paused"] == 2 and all("pause_at" not in j["dir"] for j in out["jobs"])
     out = sweep([*base, "seed=1,2", "pause_at=4", f"hydra.sweep.dir={tmp_path / 's'}"])  # paused there: skipped
     assert [(j["action"], j["why"]) for j in out["jobs"]] == [("skip", "paused at step 4 (pause_at=4)")] * 2
+    # killed after its checkpoint at the pause, before its record: not skipped, and its record is written then,
+    # with the validation its checkpoint kept
+    first = next(p for p in (tmp_path / "s").iterdir() if p.name.startswith("0_"))
+    (first / "status.json").write_text('{"status": "interrupted"}')
+    out = sweep([*base, "seed=1,2", "pause_at=4", f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert [j["action"] for j in out["jobs"]] == ["resume", "skip"] and out["counts"]["paused"] == 2
+    st = read_json(first / "status.json")
+    assert st["paused_at"] == 4 and math.isfinite(st["val"]["val/loss"])
     out = sweep([*base, "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"])
     assert out["counts"]["finished"] == 2 and [j["action"] for j in out["jobs"]] == ["resume", "resume"]
     for bad, says in (("pause_at=0", "pause_at=0: pause_at must be >= 1"), ("pause_at=8", "pause_at=8: the run ends"),

@@ -193,3 +193,26 @@ def test_a_toy_study_tunes_by_successive_halving_and_resumes_with_nothing_to_do(
     p = run_module("modforge.study", tmp_path, *args, threads=None, timeout=600)
     assert p.returncode == 0 and "jobs (" not in p.stdout
     assert {p_: p_.stat().st_mtime_ns for p_ in d.rglob("*.json") if "round-0" in str(p_)} == kept
+
+
+def test_a_run_that_failed_before_a_pause_reaches_the_failure_model(tmp_path, monkeypatch):
+    """The grid's top rate diverges before the first pause: it ranks last and stops there, yet its failures are
+    in the arm's curve (the failure model's data), not dropped with the runs halving stopped."""
+
+    class Diverging(Planted):
+        def read_stage(self, d, stage_dir, cells):
+            out = super().read_stage(d, stage_dir, cells)
+            for r in out:
+                if float(r["cell"].overrides["optim.lr"]) == GRID[-1]:
+                    r.update(status="diverged", value=math.nan, pause=None)
+            return out
+
+    rng = random.Random(3)
+    centre = rng.uniform(math.log2(GRID[1]), math.log2(GRID[3]))
+    got = tune(tmp_path, monkeypatch, {"params": {"optim.lr": GRID}, "seeds": [1, 2], "halving": {"at": [0.25]}},
+               Diverging(centre))
+    top = tuning.key_of({"optim.lr": GRID[-1]})
+    for ar, curve_ in got["curves"].items():
+        assert top in curve_ and all(math.isnan(v) for v in curve_[top]), (ar, sorted(curve_))
+    record = got["halving"]["pauses"][0]["ranks"]
+    assert all(r["settings"][top] is None and top not in r["kept"] for r in record)

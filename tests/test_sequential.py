@@ -167,6 +167,31 @@ def test_a_rung_s_decisions_read_trouble():
     assert sequential.allowance(6, 0, 0.3, 0.0125) == pytest.approx((1 - 0.0125 ** (1 / 6)) * 0.3)
 
 
+
+def test_the_borrowed_variance_is_the_tuning_runs_block_residual():
+    """``borrow_variance``: an arm's tuning runs within a grid step of its rate, rates as treatments and tuning
+    seeds as blocks (a seed's own effect is not noise: the comparison's model removes it too); a spiked run is
+    left out. Three rates on two seeds, one spike: 1 df."""
+    from modforge.studies import lrfit, rounds
+    from modforge.studies.design import design_of
+
+    seed_effect = {0: 0.0, 1: 0.05}  # shared by a seed's runs at every rate
+    points = []
+    for x, base in ((-11, 2.30), (-10, 2.20), (-9, 2.15), (-8, 2.20), (-7, 2.32)):
+        for s_ in (0, 1):
+            spiked = (x, s_) == (-10, 1)
+            points.append((x, base + seed_effect[s_] + 0.001 * s_ * (x % 3) + 0.3 * spiked,
+                           "spike" if spiked else "ok"))
+    v = lrfit.Valley(points, -9, True)
+    v.x = -9.0
+    table = lrfit.near_runs(v)
+    assert len(table) == 3 and sum(math.isnan(y) for row in table for y in row) == 1, table  # the spike
+    d = design_of("x", [], {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"],
+                            "borrow_variance": True, "tune": {"params": {"optim.lr": [1e-3, 2e-3, 4e-3]}}})
+    ss, df = rounds.borrowed_variance(d, {("norm=layer", ""): lrfit.Choice({"optim.lr": 2 ** -9}, v, {})},
+                                      ["norm=layer"], "")
+    assert df == 1 and ss / df < 1e-4  # the seeds' 0.05 apart is their block effect, not noise
+
 if __name__ == "__main__":  # the tables docs/studies.md quotes: python tests/test_sequential.py
     from scipy.stats import nct
     from scipy.stats import t as tdist

@@ -26,8 +26,8 @@ from modforge.config.composition import load, to_plain
 from modforge.config.overrides import user_override_keys
 from modforge.errors import ConfigError, ModforgeError, RunDirTaken
 from modforge.run import measure, ranks
-from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, not_a_file, read_state, run_lock,
-                                trim_metrics_csv)
+from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, not_a_file, pause_of, read_state,
+                                run_lock, trim_metrics_csv)
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.run.summary import print_summary, say_init
 from modforge.utils.console import quiet, say
@@ -329,12 +329,30 @@ def paused(out_dir: Path, step: int, rank0: bool, val: Optional[dict] = None, ke
     there before, and its record stays as it is."""
     record = {"status": "interrupted", "error": f"paused at step {step} (pause_at); run again without it to continue",
               "paused_at": int(step), "val": val or {}}
-    if kept:
-        return read_json(out_dir / "status.json") or record
+    if kept:  # paused there before; a run killed between its checkpoint and this record gets the record now
+        had = read_json(out_dir / "status.json")
+        if isinstance(had, dict) and pause_of(had, "interrupted") is not None:
+            return had
+        record["val"] = checkpoint_val(out_dir / "checkpoints" / "last.ckpt", step)
     if rank0:
         write_json(out_dir / "status.json", record)
         say(f"[modforge] paused at step {step} (pause_at): {out_dir} continues from there when run again without it")
     return record
+
+
+def checkpoint_val(ckpt: Path, step: int) -> dict:
+    """The validation a checkpoint's divergence callback kept (``last_val``), when it was made at ``step``."""
+    try:
+        import torch
+
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        for key, v in (state.get("callbacks") or {}).items():
+            last = v.get("last_val") if "DivergenceStop" in str(key) and isinstance(v, dict) else None
+            if isinstance(last, dict) and last.get("step") == step:
+                return {k: float(x) for k, x in last.items() if k != "step" and isinstance(x, (int, float))}
+    except Exception:  # noqa: BLE001 - no record to read: the pause is recorded without its validation
+        pass
+    return {}
 
 
 def finish(metrics: dict, trainer: Any, out_dir: Path) -> dict:

@@ -104,10 +104,13 @@ class Halving:
         self.pauses = [pause_steps(self.h["at"], steps[(c.arm, c.rung)], val_every[(c.arm, c.rung)]) for c in cells]
         self.path = self.stage / "halving.json"
         kept = read_json(self.path) if self.path.exists() else None
-        self.record = kept if isinstance(kept, dict) else {"at": self.h["at"], "pauses": [], "revived": []}
-        if self.record.get("at") != self.h["at"] or not isinstance(self.record.get("pauses"), list):
-            raise ConfigError(f"{self.path}: it records halving at {self.record.get('at')}, the study declares "
-                              f"{self.h['at']}; a round's pauses are fixed once it ran: give the study a new dir=")
+        self.record = kept if isinstance(kept, dict) else {"at": self.h["at"], "steps": self.pauses, "pauses": [],
+                                                           "revived": []}
+        if self.record.get("at") != self.h["at"] or self.record.get("steps", self.pauses) != self.pauses or \
+                not isinstance(self.record.get("pauses"), list):
+            raise ConfigError(f"{self.path}: it records halving at {self.record.get('at')} (steps "
+                              f"{self.record.get('steps')}), the study now pauses at {self.h['at']} (steps "
+                              f"{self.pauses}); a round's pauses are fixed once it ran: give the study a new dir=")
 
     def stopped(self) -> dict:
         """{cell index: the step it stopped at}: cells not kept at some pause, and not continued since."""
@@ -130,6 +133,12 @@ class Halving:
             pause = {**stopped, **{i: self.pauses[i][j] for i in range(len(self.cells)) if i not in stopped}}
             run_stage(pause)
             results = read_stage()
+            active = [results[i] for i in range(len(self.cells)) if i not in stopped]
+            if active and all(r["status"] == "interrupted" and d.metric not in ((r["pause"] or {}).get("val") or {})
+                              for r in active):
+                raise ConfigError(f"study.tune.halving: no run recorded {d.metric} at its pause (step "
+                                  f"{self.pauses[0][j]}); halving ranks rates by a metric of every validation "
+                                  "(a val/ metric the task logs there)")
             kept, ranks = [], []
             for (arm, rung), idx in self.groups(set(range(len(self.cells))) - set(stopped)).items():
                 by_setting: dict = {}

@@ -271,8 +271,9 @@ def laplace_covariance(theta, X, F, G, groups: int):
 
 def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0, noise: float = NOISE) -> float:
     """lr*'s interval and ``tuning_sd`` of every fitted valley, by re-drawing its runs (the fitted values plus
-    Normal noise of the pooled residual sd, or ``noise``, the seeds' own, when no valley has a residual degree
-    of freedom: three rates on one seed each) and choosing again (a rate the failure model moved: under a cap
+    Normal noise of the pooled residual sd, or ``noise``, one run's sd from the seeds' differences (or its
+    default, without two seeds at a rate), when no valley has a residual degree of freedom: three rates on one
+    seed each) and choosing again (a rate the failure model moved: under a cap
     drawn from the model's posterior, centred on the cap chosen); -> the sd used."""
     rng = random.Random(seed)
     num = sum(w * r * r for v in valleys.values() if v.fitted for r, w in v.resid)
@@ -355,7 +356,7 @@ def fit_all(curves: dict, known: dict, key: str, better: str = "min", spike: flo
     if valleys:
         stability(valleys, fail_level)
         if draws >= 2:
-            tuning_variance(valleys, draws, noise=noise)
+            tuning_variance(valleys, draws, noise=noise / math.sqrt(2))  # one run's, not a difference's
     out = {}
     for ar, groups in slices.items():
         mine = {gk: (others, valleys[(ar, gk)]) for gk, (others, pts) in groups.items() if (ar, gk) in valleys}
@@ -391,24 +392,15 @@ def trouble_near(v: Valley, spike: float = SPIKE) -> Optional[float]:
     return size
 
 
-def seed_variance(v: Valley) -> tuple:
-    """(sum of squares, df) of the runs of one rate about their mean, over the rates within one grid step of
-    the chosen one, without failed or spiked runs: the between-seed noise of an arm's runs near its rate, which
-    a comparison may pool with its own (``study.borrow_variance``)."""
+def near_runs(v: Valley) -> list:
+    """An arm's tuning runs at the rates within one grid step of the chosen one: one row per rate, its values in
+    tuning-seed order, NaN for a failed or spiked run (what ``study.borrow_variance`` pools)."""
     xs = sorted({x for x, _, _ in v.points})
     step = min((b - a for a, b in zip(xs, xs[1:])), default=0.0)
-    ss, df = 0.0, 0
     if not math.isfinite(v.x):
-        return ss, df
-    for x in xs:
-        if abs(x - v.x) > step + 1e-9:
-            continue
-        ys = [y for xx, y, st in v.points if xx == x and st == "ok" and math.isfinite(y)]
-        if len(ys) >= 2:
-            m = sum(ys) / len(ys)
-            ss += sum((y - m) ** 2 for y in ys)
-            df += len(ys) - 1
-    return ss, df
+        return []
+    return [[y if st == "ok" and math.isfinite(y) else math.nan for xx, y, st in v.points if xx == x]
+            for x in xs if abs(x - v.x) <= step + 1e-9]
 
 
 def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> dict:

@@ -58,7 +58,8 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
         run_stage(d, stage, cells, d.jobs, clock)
         absorb(stage, cells)
     else:
-        absorb(stage, cells, set(range(len(cells))) - set(halved.stopped()))
+        failed = {i for i, r in enumerate(read_stage(d, stage, cells)) if r["status"] in ("diverged", "collapsed")}
+        absorb(stage, cells, (set(range(len(cells))) - set(halved.stopped())) | failed)  # a failure is data
         while True:  # a fitted best beside a stopped rate: that rate trains to its end, and the fit is made again
             more = halving.revivals(halved, lrfit.fit_all(curves, known, better=d.better, draws=0, **d.fit),
                                     known, d.fit["key"])
@@ -213,15 +214,26 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
 
 def borrowed_variance(d: Design, fits: dict, arms: list, rung: str) -> tuple:
     """(sum of squares, df) the rung's comparison pools from its arms' tuning runs near their chosen rates
-    (``study.borrow_variance: true``; :func:`modforge.studies.lrfit.seed_variance`), else (0, 0). Only a rung that
+    (``study.borrow_variance: true``): per arm, the residual of a block model of its runs there, rates as
+    treatments and tuning seeds as blocks (the seed's effect is not noise: the comparison's model removes it
+    too; :func:`modforge.studies.lrfit.near_runs`), else (0, 0). Only a rung that
     was tuned has such runs (a rate carried up by ``transfer`` has none there)."""
     if not d.study.get("borrow_variance") or rung not in d.tuned_rungs:
         return 0.0, 0
+    import numpy as np
+
     ss, df = 0.0, 0
     for a in arms:
-        if (a, rung) in fits:
-            s_, d_ = lrfit.seed_variance(fits[(a, rung)].valley)
-            ss, df = ss + s_, df + d_
+        if (a, rung) not in fits:
+            continue
+        table = lrfit.near_runs(fits[(a, rung)].valley)
+        if len(table) < 2:
+            continue
+        width = max(map(len, table))
+        y = np.array([[row[i] if i < len(row) else math.nan for i in range(width)] for row in table])[None]
+        _, _, s2, d_, _ = sequential.block_fit(y, np.isfinite(y))  # rates as arms, tuning seeds as blocks
+        if d_[0] > 0:
+            ss, df = ss + float(s2[0]) * float(d_[0]), df + int(d_[0])
     return ss, df
 
 

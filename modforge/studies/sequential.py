@@ -5,12 +5,12 @@ looks n_1 < ... < n_L). At each look, a comparison not yet decided gets its four
 (better, worse, equivalent) is final and gets no more seeds; the rest get ``step`` more, until every comparison
 is decided, is futile, or ``max`` is reached.
 
-**The model.** Each compared arm is read against its rung's baseline by the mean of the paired differences over
-the seeds both finished (common random numbers make a seed's runs share their batches); its standard error
-uses the differences' variance pooled over every comparison of the rung (each arm's within-arm sum of squares,
-df = sum of (n_i - 1); (a - 1)(n - 1) for a rung of a arms at n seeds, where a paired t has n - 1: a 4-arm
-rung at 6 seeds has 15 df, not 5). Under y = mu_arm + beta_seed + e with normal e of one variance per rung,
-these statistics are free of the variance and of the seed effects: with two arms, it is the paired t.
+**The model.** Each compared arm is read against its rung's baseline in one randomised-block model of the rung
+(:func:`block_fit`: seed as block, arm as treatment; common random numbers make a seed's runs share their
+batches), its standard error from the model's residual variance: df (a - 1)(n - 1) for a rung of a arms at n
+seeds, where a paired t has n - 1 (a 4-arm rung at 6 seeds has 15 df, not 5). Under y = mu_arm + beta_seed + e
+with normal e of one variance per rung, these statistics are free of the variance and of the seed effects:
+with two arms, it is the paired t.
 
 **The boundaries** (:mod:`modforge.studies.boundaries`): the critical value of look j is calibrated by Monte
 Carlo so that, under the global null, the chance that some comparison of the family is first claimed at look
@@ -202,8 +202,8 @@ def decide_rung(values: dict, baseline: str, compared: list, open_: list, look: 
     its tuning adds (both arms', :mod:`modforge.studies.lrfit`); ``planned``: the looks' pairs (the df each
     look's critical value was calibrated at, and the last look's pairs, for futility).
 
-    Trouble (failed or spiked runs, :func:`troubled`): a failed run is missing from the model (and counted in
-    the arm's trouble rate, an outcome of its own); a comparison where either arm has spiked is read by its own
+    Trouble (failed or spiked runs, :func:`troubled`): a failed run is missing from the model (the arm's trouble
+    rate, an outcome of its own, is the report's: :mod:`modforge.studies.writeup`); a comparison where either arm has spiked is read by its own
     paired t (its own variance: the block model's one variance per rung is what spikes break), the spikes it
     saw in its mean. An arm with trouble, or *prone* to it (``prone``: {arm: spike size} for arms whose
     tuning failed within a grid step of their rate), has the interval widened on its side by
@@ -370,11 +370,14 @@ def run_vectorised(ys: list, planned: list, crit: list, margin: Optional[float],
     out = []
     L, n_max = len(planned), planned[-1]
     sign = 1.0 if better == "min" else -1.0
-    family = sum(y[0].shape[1] - 1 for y in ys)
+    family = max(1, sum(y[0].shape[1] - 1 for y in ys))
     alpha = (1 - level) / (2 * family)
     for r_i, (y, prone, (ss_b, df_b)) in enumerate(ys):
         F, a, _ = y.shape
         k = a - 1
+        if not k:  # a rung with only its baseline compares nothing
+            out.append((np.zeros((F, 0), int), np.zeros((F, 0), int), np.zeros(F)))
+            continue
         size = (sizes or [0.2] * len(ys))[r_i]
         word = np.zeros((F, k), int)
         done = np.zeros((F, k), bool)

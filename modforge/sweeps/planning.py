@@ -134,8 +134,9 @@ def decide(num: int, overrides: list, cfg: Any, retry_failed: bool) -> Job:
         return _as(job, "skip", state.status)
     step = state.checkpoint_step()
     pause_at = cfg.get("pause_at")
-    if state.status == "interrupted" and pause_at is not None and step is not None and step >= pause_at:
-        return _as(job, "skip", f"paused at step {step} (pause_at={pause_at})")
+    if state.status == "interrupted" and pause_at is not None and state.pause is not None and \
+            state.pause["step"] >= pause_at:  # its record says so (a checkpoint alone may be one killed before it)
+        return _as(job, "skip", f"paused at step {state.pause['step']} (pause_at={pause_at})")
     where = f"from step {step}" if step is not None else "from step 0 (no checkpoint)"
     if state.status in ("failed", "unreadable"):
         return _as(job, "retry", where) if retry_failed else \
