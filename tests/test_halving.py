@@ -168,7 +168,7 @@ def test_pauses_that_are_not_validations_before_the_end_are_refused():
 
 @pytest.mark.slow
 def test_a_toy_study_tunes_by_successive_halving_and_resumes_with_nothing_to_do(tmp_path):
-    """study_halving_toy: six rates per arm on one seed, paused at steps 30 and 60 of 120. The stopped runs keep
+    """study_halving_toy: six rates per arm on one seed, paused at steps 20 and 40 of 80. The stopped runs keep
     their pause (interrupted, with the validation there); the survivors finish; the report says what was ranked,
     kept and saved; run again, nothing trains."""
     d = tmp_path / "h"
@@ -178,13 +178,13 @@ def test_a_toy_study_tunes_by_successive_halving_and_resumes_with_nothing_to_do(
     assert "by successive halving at [0.25, 0.5] of each run's steps, as few as" in p.stdout
     rec = json.loads((d / "report.json").read_text())
     h = rec["halving"]
-    assert [r["step"] for p_ in h["pauses"] for r in p_["ranks"]] == [30, 30, 60, 60]
-    assert 1 <= h["saved"]["stopped"] and h["saved"]["steps"] < h["saved"]["full_steps"] == 12 * 120
+    assert [r["step"] for p_ in h["pauses"] for r in p_["ranks"]] == [20, 20, 40, 40]
+    assert 1 <= h["saved"]["stopped"] and h["saved"]["steps"] < h["saved"]["full_steps"] == 12 * 80
     jobs = sorted((d / "tune" / "round-0").glob("*/status.json"))
     assert len(jobs) == h["saved"]["stopped"]
     for f in jobs:
         st = json.loads(f.read_text())
-        assert st["status"] == "interrupted" and st["paused_at"] in (30, 60) and "val/loss" in st["val"]
+        assert st["status"] == "interrupted" and st["paused_at"] in (20, 40) and "val/loss" in st["val"]
     assert len(list((d / "tune" / "round-0").glob("*/metrics.json"))) == 12 - len(jobs)
     assert all(f["bracketed"] and f["stable"] for f in rec["fits"])
     md = (d / "study.md").read_text()
