@@ -190,7 +190,9 @@ def test_the_borrowed_variance_is_the_tuning_runs_block_residual():
                             "borrow_variance": True, "tune": {"params": {"optim.lr": [1e-3, 2e-3, 4e-3]}}})
     ss, df = rounds.borrowed_variance(d, {("norm=layer", ""): lrfit.Choice({"optim.lr": 2 ** -9}, v, {})},
                                       ["norm=layer"], "")
-    assert df == 1 and ss / df < 1e-4  # the seeds' 0.05 apart is their block effect, not noise
+    assert df == 1 and ss / df < 1e-4
+    v.x = -8.6  # a chosen rate between the grid's: the nearest tested rate and its neighbours, both sides
+    assert [len(row) for row in lrfit.near_runs(v)] == [2, 2, 2]  # the seeds' 0.05 apart is their block effect, not noise
 
 if __name__ == "__main__":  # the tables docs/studies.md quotes: python tests/test_sequential.py
     from scipy.stats import nct

@@ -373,19 +373,32 @@ def fit_all(curves: dict, known: dict, key: str, better: str = "min", spike: flo
     return out
 
 
+def near(v: Valley) -> list:
+    """The tested rates (log2) whose runs ``borrow_variance`` pools: the tested rate nearest the chosen one and
+    that rate's neighbours, one grid step on each side. (A chosen rate is a continuous value, and grids are not always evenly
+    spaced, 1e-3, 3e-3, 1e-2: a fixed window about it would often hold one side's neighbour and not the other's.)"""
+    xs = sorted({x for x, _, _ in v.points})
+    if not xs or not math.isfinite(v.x):
+        return []
+    i = xs.index(min(xs, key=lambda x: (abs(x - v.x), x)))
+    return xs[max(0, i - 1):i + 2]
+
+
 def trouble_near(v: Valley, spike: float = SPIKE) -> Optional[float]:
     """Whether an arm's tuning failed near the rate chosen for it: a failed or spiked run within one grid step
-    of it (the grid's smallest spacing in log2). -> the spike size its comparison is to allow for (the largest
-    excess of such a spike over its rate's best run, at least ``spike``), or None when none failed there."""
+    of it (the grid's smallest spacing in log2; issue 48's definition, taken literally: a failure 1.7 doublings
+    above a rate on a 1e-3, 3e-3, 1e-2 grid is not near it). -> the spike size its comparison is to allow for
+    (the largest excess of such a spike over its rate's best run, at least ``spike``), or None when none failed
+    there."""
     xs = sorted({x for x, _, _ in v.points})
     if not xs or not math.isfinite(v.x):
         return None
     step = min((b - a for a, b in zip(xs, xs[1:])), default=0.0)
-    near = [(x, y, st) for x, y, st in v.points if st in ("spike", "failed") and abs(x - v.x) <= step + 1e-9]
-    if not near:
+    near_ = [(x, y, st) for x, y, st in v.points if st in ("spike", "failed") and abs(x - v.x) <= step + 1e-9]
+    if not near_:
         return None
     size = spike
-    for x, y, st in near:
+    for x, y, st in near_:
         twins = [yy for xx, yy, ss in v.points if xx == x and ss == "ok" and math.isfinite(yy)]
         if st == "spike" and twins and math.isfinite(y):
             size = max(size, y - min(twins))
@@ -393,14 +406,10 @@ def trouble_near(v: Valley, spike: float = SPIKE) -> Optional[float]:
 
 
 def near_runs(v: Valley) -> list:
-    """An arm's tuning runs at the rates within one grid step of the chosen one: one row per rate, its values in
-    tuning-seed order, NaN for a failed or spiked run (what ``study.borrow_variance`` pools)."""
-    xs = sorted({x for x, _, _ in v.points})
-    step = min((b - a for a, b in zip(xs, xs[1:])), default=0.0)
-    if not math.isfinite(v.x):
-        return []
+    """An arm's tuning runs at the rates of :func:`near`: one row per rate, its values in tuning-seed order, NaN
+    for a failed or spiked run (what ``study.borrow_variance`` pools)."""
     return [[y if st == "ok" and math.isfinite(y) else math.nan for xx, y, st in v.points if xx == x]
-            for x in xs if abs(x - v.x) <= step + 1e-9]
+            for x in near(v)]
 
 
 def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> dict:
