@@ -154,7 +154,8 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
     ``fits`` (rule: fit): each arm's choice, whose tuning variance each interval adds, and an arm or baseline
     whose optimum is not bracketed gets no verdict (nor seeds).
     -> {"values": {(arm, rung): {seed: value}}, "results": [...], "decisions": {(arm, rung): Decision | str},
-    "rounds": [[(arm, rung), ...] per round], "runs": n}."""
+    "rounds": [[(arm, rung), ...] per round], "runs": n, "critical": [c per look], "prone": {rung: {arm: spike
+    size}}, "borrowed": {rung: (sum of squares, df)}, "family_on_seeds": the comparisons the boundaries are for}."""
     values: dict = {(a, r): {} for a in d.arms for r in d.rungs}
     results: list = []
     decisions: dict = unbracketed(d, fits or {})
@@ -209,7 +210,7 @@ def compare(d: Design, study_dir: Path, plan: Plan, chosen: dict, clock: StageCl
             for a, dec in got.items():
                 decisions[(a, r)] = dec
     return {"values": values, "results": results, "decisions": decisions, "rounds": rounds, "runs": len(results),
-            "critical": crit, "prone": prone, "borrowed": borrowed}
+            "critical": crit, "prone": prone, "borrowed": borrowed, "family_on_seeds": layout.family}
 
 
 def borrowed_variance(d: Design, fits: dict, arms: list, rung: str) -> tuple:

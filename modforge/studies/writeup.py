@@ -66,7 +66,9 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
     fixed_runs = len(d.arms) * len(d.rungs) * d.seeds["max"]
     out = {"experiment": d.experiment, "question": d.study.get("question"), "declared": d.study,
            "overrides": d.overrides, "metric": d.metric, "better": d.better, "level": d.level, "margin": d.margin,
-           "family": d.family, "looks": planned, "alpha_per_look": spent, "critical": compared.get("critical"), "arms": arms_rows, "verdicts": verdicts,
+           "family": d.family, "looks": planned, "alpha_per_look": spent, "critical": compared.get("critical"),
+           "family_on_seeds": compared.get("family_on_seeds"),
+           "borrowed_df": {r: b[1] for r, b in (compared.get("borrowed") or {}).items()}, "arms": arms_rows, "verdicts": verdicts,
            "tuning": tuning_record(d, tuned), "fits": fits_record(d, tuned), "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
                                                         "compare_fixed_design": fixed_runs,
                                                         "rounds": [[f"{a} @ {r or 'the config'}" for a, r in rnd]
@@ -284,7 +286,10 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
              f"- Seeds: fresh from {d.seeds['start']}, looks at {d.looks} pairs; the family's alpha spent over them "
              f"{', '.join(f'{a:.4f}' for a in rec['alpha_per_look'])} (power family, ρ = {boundaries.RHO:g}); "
              + (f"critical values {', '.join('—' if c is None or not math.isfinite(c) else f'{c:.3g}' for c in rec['critical'])} "
-                "for |Δ| / se at those looks, calibrated by simulation for this family (docs/studies.md)"
+                f"for |Δ| / se at those looks, calibrated by simulation for the {rec.get('family_on_seeds') or d.family} "
+                "comparisons run on seeds"
+                + (f", with {sum(rec['borrowed_df'].values())} df of variance borrowed from the tuning runs"
+                   if sum((rec.get("borrowed_df") or {}).values()) else "") + " (docs/studies.md)"
                 if rec.get("critical") else "no comparison on seeds") + "."]
     if d.grid:
         lines.append(f"- Tuning, every arm alike: {', '.join(f'`{k}` in {v}' for k, v in d.grid.items())}, seeds "
