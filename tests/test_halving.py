@@ -216,3 +216,15 @@ def test_a_run_that_failed_before_a_pause_reaches_the_failure_model(tmp_path, mo
         assert top in curve_ and all(math.isnan(v) for v in curve_[top]), (ar, sorted(curve_))
     record = got["halving"]["pauses"][0]["ranks"]
     assert all(r["settings"][top] is None and top not in r["kept"] for r in record)
+
+
+def test_the_tuning_plot_marks_the_rates_halving_stopped():
+    from modforge.studies.figures import stopped_by_halving
+
+    rec = {"halving": {"pauses": [{"ranks": [{"arm": "a", "rung": "", "step": 10,
+                                              "settings": {"optim.lr=0.001": 3.0, "optim.lr=0.002": 2.5,
+                                                           "optim.lr=0.004": 2.4, "optim.lr=0.008": 2.9},
+                                              "kept": ["optim.lr=0.002", "optim.lr=0.004"]}]}]}}
+    rows = [{"arm": "a", "rung": "", "setting": {"optim.lr": v}} for v in (0.002, 0.004, 0.008)]  # 0.008 revived
+    assert stopped_by_halving(rec, "", rows) == [("a", 0.001)]
+    assert stopped_by_halving({}, "", rows) == []

@@ -105,6 +105,8 @@ def check_study(block: Any) -> dict:
                           "every arm of a rung trains on)")
     if out.get("transfer") and "tune" not in out:
         raise ConfigError(f"study.transfer={out['transfer']}: there is nothing to transfer without study.tune")
+    if out.get("borrow_variance") is False:  # the default, said: the same design as not saying it
+        del out["borrow_variance"]
     return out
 
 

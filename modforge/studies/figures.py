@@ -12,6 +12,7 @@ try:
 except ImportError as e:
     raise ImportError("matplotlib is not installed; for plots: pip install 'modforge[report]'") from e
 
+from modforge.studies import tuning
 from modforge.studies.design import Design
 
 
@@ -39,6 +40,7 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
                              squeeze=False, gridspec_kw={"height_ratios": [2, 1]} if fits else None)
     for col, (ax, rung) in enumerate(zip(axes[0], rungs)):
         failed: dict = {}
+        colors: dict = {}
         for i, arm in enumerate(d.arms):
             mine = sorted([r for r in rows if r["rung"] == rung and r["arm"] == arm],
                           key=lambda r: x_of(r["setting"][key]))
@@ -47,6 +49,7 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
             xs = [x_of(r["setting"][key]) for r in mine]
             line, = ax.plot(xs, [r["mean"] for r in mine], marker="o", linestyle=["-", "--", "-.", ":"][i % 4],
                             label=arm + (" (baseline)" if arm == d.baseline else ""))
+            colors[arm] = line.get_color()
             failed[line.get_color()] = [x for r, x in zip(mine, xs) if not math.isfinite(r["mean"])]
             for r, x in zip(mine, xs):
                 ax.scatter([x] * len(r["values"]), [v if math.isfinite(v) else math.nan for v in r["values"]],
@@ -59,8 +62,15 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
         top = ax.get_ylim()[1]
         for color, xs in failed.items():  # a setting with a failed run (diverged, collapsed): an x at the top
             ax.scatter(xs, [top] * len(xs), marker="x", s=50, color=color, clip_on=False)
-        if any(failed.values()):
-            ax.text(0.01, 0.99, "x: a run diverged or collapsed", transform=ax.transAxes, fontsize=7, va="top")
+        stopped = stopped_by_halving(rec, rung, rows)
+        for arm, color in colors.items():  # stopped at a pause (its loss there is part-way): a v at the top
+            xs = [x_of(v) for a, v in stopped if a == arm and (numeric or v in values)]
+            if xs:
+                ax.scatter(xs, [top] * len(xs), marker="v", s=36, color=color, clip_on=False, alpha=0.7)
+        notes = (["x: a run diverged or collapsed"] if any(failed.values()) else []) + \
+            (["v: stopped by successive halving"] if stopped else [])
+        if notes:
+            ax.text(0.01, 0.99, "; ".join(notes), transform=ax.transAxes, fontsize=7, va="top")
         if not numeric:
             ax.set_xticks(range(len(values)), [str(v) for v in values])
         elif all(_num(v) > 0 for v in values):
@@ -74,6 +84,28 @@ def tuning_plot(d: Design, rec: dict, out: Path) -> list:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below the axes, off the curves
     return _save(fig, out, "tuning.png")
+
+
+def stopped_by_halving(rec: dict, rung: str, rows: list) -> list:
+    """[(arm, value of the grid's first key)] of the settings successive halving stopped at a rung and never
+    continued (no finished run in the tuning table)."""
+    finished = {(r["arm"], tuning.key_of(r["setting"])) for r in rows if r["rung"] == rung}
+    out: dict = {}
+    for p in ((rec.get("halving") or {}).get("pauses") or []):
+        for r in p["ranks"]:
+            for k in r["settings"]:
+                if r["rung"] == rung and k not in r["kept"] and (r["arm"], k) not in finished:
+                    out[(r["arm"], k)] = None
+    return [(a, _parsed_first(k)) for a, k in out]
+
+
+def _parsed_first(setting_key: str):
+    """The first key's value of a setting's key (``optim.lr=0.003,...``), as a number where it is one."""
+    v = setting_key.split(",", 1)[0].split("=", 1)[1]
+    try:
+        return float(v)
+    except ValueError:
+        return v
 
 
 def _draw_fit(ax, fax, fit: dict, color: str) -> None:
