@@ -71,6 +71,12 @@ def pause_of(record: dict, status: str) -> Optional[dict]:
                                   and not isinstance(v, bool)}}
 
 
+def reached_pause(pause: Optional[dict], pause_at: Optional[int]) -> bool:
+    """Whether a run's recorded pause (:func:`pause_of`) is at ``pause_at`` or later: the run has done what a
+    command with that ``pause_at`` asks of it."""
+    return pause is not None and pause_at is not None and pause["step"] >= pause_at
+
+
 def is_run_config(config: Any) -> bool:
     """A mapping as modforge writes a run's ``config.yaml``: the model, task, data and trainer groups."""
     return isinstance(config, dict) and all(isinstance(config.get(k), dict) for k in ("model", "task", "data", "trainer"))

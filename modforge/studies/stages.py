@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 from modforge.config.overrides import hydra_value, quoted
 from modforge.errors import ConfigError, ModforgeError
 from modforge.results.jobs import load_jobs, mark_collapsed, metric_value
+from modforge.run.dirs import reached_pause
 from modforge.studies.design import PROBE_KEYS, RUNNER_KEYS, Design
 from modforge.sweeps.launch import sweep
 from modforge.utils.files import read_json, write_json
@@ -219,8 +220,7 @@ def ended(result: dict, pause: Optional[int] = None) -> bool:
     step ``pause`` and has paused there (or later)."""
     if result["status"] in ("finished", "collapsed", "diverged"):
         return True
-    return pause is not None and result["status"] == "interrupted" and result["pause"] is not None and \
-        result["pause"]["step"] >= pause
+    return result["status"] == "interrupted" and reached_pause(result["pause"], pause)
 
 
 def read_stage(d: Design, stage_dir: Path, cells: list[Cell]) -> list[dict]:

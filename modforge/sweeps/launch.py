@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from modforge.config import resolvers
 from modforge.config.composition import hydra_loader
 from modforge.errors import ConfigError, ModforgeError
-from modforge.run.dirs import read_state
+from modforge.run.dirs import reached_pause, read_state
 from modforge.sweeps.clusters import runs_elsewhere
 from modforge.sweeps.job import sweep_task
 from modforge.sweeps.plan import Plan, print_plan
@@ -183,8 +183,7 @@ def outcome(plan: Plan) -> dict:
         status = {"new": "interrupted", "unreadable": "failed", "foreign": "failed"}.get(state.status, state.status)
         status = status if status in counts else "failed"  # whatever else a job's directory says: not a result
         pause_at = p.cfg.get("pause_at") if p.cfg is not None else None
-        if status == "interrupted" and state.pause is not None and pause_at is not None and \
-                state.pause["step"] >= pause_at:
+        if status == "interrupted" and reached_pause(state.pause, pause_at):
             status = "paused"
         counts[status] += 1
         if status in ("failed", "interrupted"):

@@ -22,7 +22,7 @@ from modforge.config.command_line import check_overrides, top_names
 from modforge.config.composition import compose_command, compose_sweep_job, parse_overrides
 from modforge.config.grid import sweep_jobs
 from modforge.config.overrides import user_override_keys
-from modforge.run.dirs import FINAL, SWEEP_KEYS, config_difference, is_locked, read_state
+from modforge.run.dirs import FINAL, SWEEP_KEYS, config_difference, is_locked, reached_pause, read_state
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.sweeps.gpus import check_slots, slot_count
 from modforge.sweeps.plan import Job, Plan, config_stamp
@@ -132,11 +132,10 @@ def decide(num: int, overrides: list, cfg: Any, retry_failed: bool) -> Job:
         return job
     if state.status in FINAL:
         return _as(job, "skip", state.status)
+    if state.status == "interrupted" and reached_pause(state.pause, cfg.get("pause_at")):  # by its record (a
+        # checkpoint alone may be one killed before the record)
+        return _as(job, "skip", f"paused at step {state.pause['step']} (pause_at={cfg.get('pause_at')})")
     step = state.checkpoint_step()
-    pause_at = cfg.get("pause_at")
-    if state.status == "interrupted" and pause_at is not None and state.pause is not None and \
-            state.pause["step"] >= pause_at:  # its record says so (a checkpoint alone may be one killed before it)
-        return _as(job, "skip", f"paused at step {state.pause['step']} (pause_at={pause_at})")
     where = f"from step {step}" if step is not None else "from step 0 (no checkpoint)"
     if state.status in ("failed", "unreadable"):
         return _as(job, "retry", where) if retry_failed else \
