@@ -23,24 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def truths(report: dict, borrowed: int = 0) -> tuple:
-    """(rungs, margin): per rung, the compared arms' Δ and the rung's pooled sd of a run (and ``borrowed`` df of
-    variance from the tuning runs)."""
-    from modforge.studies.sequential import Rung
-
-    by_rung: dict = {}
-    for v in report["verdicts"]:
-        if "estimate" in v and math.isfinite(v["estimate"]):
-            by_rung.setdefault(v["rung"], []).append(v["estimate"])
-    rungs = []
-    for rung, effects in by_rung.items():
-        sds = [a["sd"] for a in report["arms"] if a["rung"] == rung and math.isfinite(a.get("sd", math.nan))]
-        rungs.append(Rung(effects, sd=math.sqrt(statistics.fmean(s * s for s in sds)), borrowed_df=borrowed))
-    return rungs, report.get("margin")
-
-
 def main(argv=None) -> None:
-    from modforge.studies.sequential import against_fixed
+    from modforge.studies.simulation import against_fixed, plug_in
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", type=int, default=4000)
@@ -54,7 +38,7 @@ def main(argv=None) -> None:
     rows = []
     for f in sorted(ROOT.glob("experiments/results/*/study*/report.json")):
         report = json.loads(f.read_text())
-        rungs, margin = truths(report, a.borrow)
+        rungs, margin = plug_in(report["verdicts"], report["arms"], a.borrow), report.get("margin")
         if not rungs:
             continue
         s = against_fixed(rungs, looks, margin, families=a.families, paired=a.paired)

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from modforge.studies import boundaries, sequential
-from modforge.studies.sequential import Rung
+from modforge.studies import boundaries, sequential, simulation
+from modforge.studies.simulation import Rung
 
 LOOKS = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 SD = 0.01  # a run's noise, as in the shipped studies (median fresh-seed sd 0.011)
@@ -71,7 +71,7 @@ def test_one_look_s_critical_value_is_dunnett_s(arms, n):
 def scenario(rungs, margin=None, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return sequential.simulate(rungs, LOOKS, margin=margin, families=FAMILIES, seed=1, **kw)
+        return simulation.simulate(rungs, LOOKS, margin=margin, families=FAMILIES, seed=1, **kw)
 
 
 @pytest.mark.parametrize("rungs, margin", [
@@ -85,12 +85,12 @@ def test_the_simulation_runs_the_code_a_study_runs(rungs, margin):
     the same verdict, at the same look, on the same number of runs, in every family."""
     crit = boundaries.critical_values(boundaries.Layout(tuple(len(r.effects) + 1 for r in rungs), tuple(LOOKS),
                                                         borrowed=tuple(r.borrowed_df for r in rungs)))
-    ys = sequential.draw(rungs, LOOKS[-1], 200, np.random.default_rng(5))
+    ys = simulation.draw(rungs, LOOKS[-1], 200, np.random.default_rng(5))
     sizes = [r.spike_size for r in rungs]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        fast = sequential.run_vectorised(ys, LOOKS, crit, margin, sizes=sizes)
-    slow = sequential.run_reference(ys, LOOKS, crit, margin, sizes=sizes)
+        fast = simulation.run_vectorised(ys, LOOKS, crit, margin, sizes=sizes)
+    slow = simulation.run_reference(ys, LOOKS, crit, margin, sizes=sizes)
     for (w1, a1, r1), (w2, a2, r2) in zip(fast, slow):
         assert (w1 == w2).all() and (a1 == a2).all() and (r1 == r2).all()
 
@@ -125,7 +125,7 @@ def test_without_its_trouble_rule_the_spiky_null_breaks_the_guarantee():
     """The same spiky arm read as the block model alone reads it (no spike seen as trouble, no allowance): the
     clean-looking bulk is called better far more often than 5%, as the union-bound design did (44% and 18%)."""
     for q in (0.1, 0.33):
-        s = sequential.simulate([Rung([0.0], sd=SD, spikes={1: q}, prone=False)], LOOKS, margin=0.02,
+        s = simulation.simulate([Rung([0.0], sd=SD, spikes={1: q}, prone=False)], LOOKS, margin=0.02,
                                 families=4000, seed=2, spike=math.inf)
         assert s.any_false > 0.15, (q, s.any_false)
 

@@ -208,11 +208,7 @@ def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool
             c.why = f"all {n} differences equal ({c.estimate:+.4g}): no spread to judge them by"
             return c
         c.se, c.df = math.sqrt(sd * sd / n + extra_var), n - 1
-        xs, ys = [x[k] for k in keys], [y[k] for k in keys]
-        vx, vy = statistics.variance(xs), statistics.variance(ys)
-        if vx > 0 and vy > 0:
-            c.corr = statistics.correlation(xs, ys)
-            c.removed = 1 - sd ** 2 / (vx + vy)
+        c.corr, c.removed = pairing(x, y)
     else:
         xs, ys = list(x.values()), list(y.values())
         nx, ny = len(xs), len(ys)
@@ -232,6 +228,19 @@ def compare(x: dict, y: dict, level: float = 0.95, family: int = 1, paired: bool
     c.low, c.high = max(c.estimate - half, -span), min(c.estimate + half, span)
     c.p = float(2 * st.t.sf(abs(c.estimate) / c.se, c.df))
     return c
+
+
+def pairing(x: dict, y: dict) -> tuple:
+    """(correlation of two arms over the seeds both finished, share of the unpaired variance the pairing removes);
+    NaN for fewer than two pairs or an arm without spread."""
+    keys = sorted(k for k in x if k in y and math.isfinite(x[k]) and math.isfinite(y[k]))
+    xs, ys = [x[k] for k in keys], [y[k] for k in keys]
+    if len(keys) < 2:
+        return math.nan, math.nan
+    vx, vy = statistics.variance(xs), statistics.variance(ys)
+    if not (vx > 0 and vy > 0):
+        return math.nan, math.nan
+    return statistics.correlation(xs, ys), 1 - statistics.variance([a - b for a, b in zip(xs, ys)]) / (vx + vy)
 
 
 def verdict(c: Comparison, better: str = "min", margin: Optional[float] = None, test: Optional[str] = None) -> tuple:

@@ -21,7 +21,7 @@ claim (better or worse of a true difference of zero, or of the other sign; equiv
 the margin), at any look, in the whole family, is at most alpha: a decided comparison stops, which only
 removes chances to err; futility stops are non-binding (the boundaries do not count on them). Under noise the
 model does not have (spikes, heavy tails, runs that fail), the error is measured by simulation
-(:func:`modforge.studies.sequential.simulate`), not assumed."""
+(:func:`modforge.studies.simulation.simulate`), not assumed."""
 import hashlib
 import json
 import math

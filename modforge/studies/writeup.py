@@ -9,7 +9,7 @@ from pathlib import Path
 
 from modforge.results import jobs, stats
 from modforge.results.formats import fmt_count, markdown_table
-from modforge.studies import boundaries, ladder, lrfit, sequential, tuning
+from modforge.studies import boundaries, ladder, lrfit, sequential, simulation, tuning
 from modforge.studies.design import Design
 from modforge.studies.rounds import tuning_var
 from modforge.utils.files import write_json, write_text
@@ -91,21 +91,16 @@ MACHINE_KEYS = ("accelerator", "gpus", "cpu", "cpu_capability", "cpu_threads", "
 
 def against_fixed(d: Design, verdicts: list, arms_rows: list) -> Optional[dict]:
     """The comparison runs against the smallest fixed design that would make as many right decisions, both
-    simulated at this study's own estimates (each comparison's Δ, each rung's sd of a run):
-    :func:`modforge.studies.sequential.against_fixed`; None when nothing was compared on seeds."""
-    rungs = []
-    for r in d.rungs:
-        effects = [v["estimate"] for v in verdicts if v["rung"] == r and math.isfinite(v.get("estimate", math.nan))]
-        sds = [a["sd"] for a in arms_rows if a["rung"] == r and math.isfinite(a["sd"])]
-        if effects and sds:
-            rungs.append(sequential.Rung(effects, sd=math.sqrt(statistics.fmean(x * x for x in sds))))
+    simulated at this study's own estimates (:func:`modforge.studies.simulation.plug_in`,
+    :func:`modforge.studies.simulation.against_fixed`); None when nothing was compared on seeds."""
+    rungs = simulation.plug_in(verdicts, arms_rows)
     if not rungs:
         return None
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return sequential.against_fixed(rungs, d.looks, d.margin, d.level)
+        return simulation.against_fixed(rungs, d.looks, d.margin, d.level)
 
 
 def machines_of(devices: list) -> list:
