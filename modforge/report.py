@@ -16,9 +16,12 @@ sweep resumes it), ``unfinished`` (nothing of its own yet) and ``unreadable``.
 Jobs are grouped by their overrides without the ``over`` keys; each group is one
 configuration (an arm) and one row: the mean of the metric over its finished runs
 with an interval inside the metric's range, sd, min and max; its difference from
-the baseline over the seeds both finished, with a simultaneous interval and one of
-four verdicts (better, worse, equivalent within the margin, inconclusive with the
-minimum detectable effect; no verdict under 3 pairs or without spread); its
+the baseline, with a simultaneous interval and one of four verdicts (better, worse,
+equivalent within the margin, inconclusive with the minimum detectable effect; no
+verdict without enough pairs or spread). Against one baseline every arm is in one
+randomised-block model of the seeds with Dunnett's intervals, the model a study's
+comparison uses (:mod:`modforge.results.blocks`); against ``baseline=best`` every
+pair is a paired t at Bonferroni's level; arms that share no seed, Welch's. Its
 collapsed and diverged runs as a rate with Fisher's test against the baseline.
 A second table says what pairing bought (correlation over seeds, variance removed,
 and whether paired runs trained on the same batches), a third the cost: parameters,

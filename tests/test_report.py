@@ -78,7 +78,28 @@ def sweep_of(root, arms: dict) -> None:
             fake_job(root, f"{cfg}{seed}", [f"cfg={cfg}", f"seed={seed}"], v)
 
 
-def test_intervals_and_simultaneous_paired_differences_agree_with_scipy(tmp_path, capsys):
+def block_reference(arms: dict, base: str):
+    """The randomised-block model by ordinary least squares on dummies (an intercept, arm and seed effects), as
+    numpy solves it: each arm's difference from ``base``, its se, and the residual df."""
+    import numpy as np
+
+    names = [base] + [k for k in arms if k != base]
+    seeds = sorted({s for v in arms.values() for s in v})
+    rows, y = [], []
+    for i, name in enumerate(names):
+        for s, v in arms[name].items():
+            rows.append([1.0] + [float(i == j) for j in range(1, len(names))]
+                        + [float(s == t) for t in seeds[1:]])
+            y.append(v)
+    x, y = np.array(rows), np.array(y)
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    df = len(y) - np.linalg.matrix_rank(x)
+    s2 = float(((y - x @ beta) ** 2).sum() / df)
+    cov = s2 * np.linalg.inv(x.T @ x)
+    return {n: (beta[i], math.sqrt(cov[i, i])) for i, n in enumerate(names) if i}, df, cov[1:len(names), 1:len(names)]
+
+
+def test_intervals_and_the_block_models_simultaneous_differences_agree_with_references(tmp_path, capsys):
     a = {"1": 2.00, "2": 2.10, "3": 1.95, "4": 2.05}  # baseline
     b = {"1": 1.90, "2": 2.02, "3": 1.80, "4": 1.99}
     c = {"1": 2.30, "2": 2.10, "3": 2.45, "5": 2.2}  # seed 4 missing, seed 5 the baseline lacks: 3 pairs
@@ -88,21 +109,71 @@ def test_intervals_and_simultaneous_paired_differences_agree_with_scipy(tmp_path
         x = list(vals.values())
         lo, hi = ss.t.interval(0.95, len(x) - 1, loc=ss.tmean(x), scale=ss.sem(x))
         assert (rows[cfg]["ci_low"], rows[cfg]["ci_high"]) == (pytest.approx(lo, abs=1e-10), pytest.approx(hi, abs=1e-10))
-    # two comparisons, one family at 95%: each interval at 97.5%, p adjusted by 2 (Bonferroni)
-    for cfg, vals, seeds in (("b", b, "1234"), ("c", c, "123")):
-        ref = ss.ttest_rel([vals[k] for k in seeds], [a[k] for k in seeds])
-        ci = ref.confidence_interval(0.975)
+    # every run in one model (seed as block): estimates, se and df as least squares gives them; two comparisons
+    # in one family at 95%, Dunnett's critical value at the model's df (checked against scipy in test_stats.py)
+    ref, df, _ = block_reference({"a": a, "b": b, "c": c}, "a")
+    assert df == 12 - 5 - 2  # 12 runs, 5 seeds, 3 arms: where each arm's paired t would have 3 and 2 df
+    crit = ss.t.isf(0.025, df)  # the single t's value, which Dunnett's for two must exceed
+    for cfg, seeds in (("b", "1234"), ("c", "123")):
+        est, se = ref[cfg]
         r = rows[cfg]
-        assert (r["test"], r["pairs"], r["family"], r["diff_ci_level"]) == ("paired", len(seeds), 2, 0.975)
-        assert r["p"] == pytest.approx(ref.pvalue, rel=1e-9) and r["p_adjusted"] == pytest.approx(2 * ref.pvalue)
-        assert (r["diff_ci_low"], r["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+        assert (r["test"], r["pairs"], r["family"]) == ("block", len(seeds), 2)
+        assert (r["diff"], r["diff_se"]) == (pytest.approx(est, abs=1e-12), pytest.approx(se, rel=1e-9))
+        half = (r["diff_ci_high"] - r["diff_ci_low"]) / (2 * se)
+        assert crit < half < ss.t.isf(0.025 / 2, df)  # between the single t and Bonferroni's
+        assert r["diff_ci_level"] == pytest.approx(1 - 2 * ss.t.sf(half, df), rel=1e-9)
+        assert r["p"] == pytest.approx(2 * ss.t.sf(abs(est) / se, df), rel=1e-9)
+        vals = {"b": b, "c": c}[cfg]
         d = [vals[k] - a[k] for k in seeds]
         assert r["correlation"] == pytest.approx(ss.pearsonr([vals[k] for k in seeds], [a[k] for k in seeds])[0])
         assert r["variance_removed"] == pytest.approx(
             1 - ss.tvar(d) / (ss.tvar([vals[k] for k in seeds]) + ss.tvar([a[k] for k in seeds])))
     assert rows["a"]["baseline"] and rows["a"]["verdict"] == "baseline"
-    assert rows["b"]["verdict_word"] == "better" and rows["b"]["verdict"].startswith("better (paired, n=4, 2 in the family")
-    assert rows["c"]["verdict_word"] == "inconclusive" and "MDE" in rows["c"]["verdict"]
+    # c's noisy runs widen b's interval too: one residual variance for the model (its equal-variance premise)
+    assert rows["b"]["verdict"].startswith("inconclusive (MDE") and "; block model, 4 pairs, df 5, Dunnett over 2" \
+        in rows["b"]["verdict"]
+    assert rows["c"]["verdict_word"] == "inconclusive"
+
+
+def test_a_complete_block_design_is_dunnetts_and_a_two_arm_one_the_paired_t(tmp_path, capsys):
+    """Complete data: the two contrasts have correlation 1/2, so the interval's critical value and the adjusted
+    p are the multivariate t's (scipy); with two arms the model is the paired t exactly."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    base = rng.normal(2.0, 0.05, 5)
+    arms = {"a": base, "b": base - 0.04 + rng.normal(0, 0.03, 5), "c": base + rng.normal(0, 0.03, 5)}
+    data = {k: {str(i + 1): float(v) for i, v in enumerate(x)} for k, x in arms.items()}
+    sweep_of(tmp_path / "three", data)
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path / "three", "baseline=cfg=a")}
+    df = 2 * 4
+    mvt = ss.multivariate_t(shape=[[1, 0.5], [0.5, 1]], df=df, seed=7)
+    for cfg in "bc":
+        r = rows[cfg]
+        c = (r["diff_ci_high"] - r["diff_ci_low"]) / (2 * r["diff_se"])
+        assert mvt.cdf([c, c], lower_limit=[-c, -c]) == pytest.approx(0.95, abs=1e-3)
+        t = abs(r["diff"]) / r["diff_se"]
+        assert r["p_adjusted"] == pytest.approx(1 - mvt.cdf([t, t], lower_limit=[-t, -t]), abs=1e-3)
+    two = {k: data[k] for k in "ab"}
+    sweep_of(tmp_path / "two", two)
+    r = {r["cfg"]: r for r in records(capsys, tmp_path / "two", "baseline=cfg=a")}["b"]
+    ref = ss.ttest_rel(list(two["b"].values()), list(two["a"].values()))
+    ci = ref.confidence_interval(0.95)
+    assert r["test"] == "block" and r["p_adjusted"] == pytest.approx(ref.pvalue, rel=1e-9)
+    assert (r["diff_ci_low"], r["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+def test_against_the_best_every_pair_is_a_paired_t_at_bonferronis_level(tmp_path, capsys):
+    a = {"1": 2.00, "2": 2.10, "3": 1.95, "4": 2.05}
+    b = {"1": 1.90, "2": 2.02, "3": 1.80, "4": 1.99}
+    sweep_of(tmp_path, {"a": a, "b": b})
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=best")}
+    ref = ss.ttest_rel(list(a.values()), list(b.values()))
+    ci = ref.confidence_interval(0.95)
+    r = rows["a"]
+    assert (r["test"], r["pairs"], r["family"], r["diff_ci_level"]) == ("paired", 4, 1, 0.95)
+    assert (r["diff_ci_low"], r["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert r["verdict"].startswith("worse (paired, n=4")
 
 
 def test_arms_that_share_no_seed_are_compared_by_welch_as_a_whole_family(tmp_path, capsys):
@@ -115,13 +186,21 @@ def test_arms_that_share_no_seed_are_compared_by_welch_as_a_whole_family(tmp_pat
     assert (rows["c"]["diff_ci_low"], rows["c"]["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
 
 
-def test_fewer_than_three_pairs_or_no_spread_give_no_verdict(tmp_path, capsys):
-    sweep_of(tmp_path, {"a": {"1": 2.1, "2": 2.2, "3": 2.0}, "b": {"1": 2.0, "2": 2.1, "3": 1.9},
-                        "c": {"1": 1.0, "2": 1.1}})
-    rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
-    assert rows["b"]["verdict"].startswith("no verdict: all 3 differences equal") and rows["b"]["p"] != 0
-    assert rows["c"]["verdict"] == "no verdict: 2 shared seeds: at least 3 pairs decide"
+def test_too_few_pairs_or_no_spread_give_no_verdict(tmp_path, capsys):
+    # the block model reads a contrast from 2 pairs; every run additive (no residual spread) decides nothing
+    sweep_of(tmp_path / "block", {"a": {"1": 2.1, "2": 2.2, "3": 2.0}, "b": {"1": 2.0, "2": 2.1, "3": 1.9},
+                                  "c": {"1": 1.0, "4": 1.1}})
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path / "block", "baseline=cfg=a")}
+    assert rows["b"]["verdict"] == "no verdict: the runs have no spread to judge them by" and rows["b"]["p"] != 0
+    assert rows["c"]["verdict"] == "no verdict: 1 shared seed: at least 2 pairs (and a residual df) decide"
     assert rows["b"]["family"] == 2  # the family is fixed before the data: both comparisons count
+    # a paired t (baseline=best) needs 3 pairs and differences with spread
+    sweep_of(tmp_path / "pairs", {"a": {"1": 2.1, "2": 2.2, "3": 2.0}, "b": {"1": 2.0, "2": 2.1, "3": 1.9},
+                                  "c": {"1": 3.0, "2": 3.1}})
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path / "pairs", "baseline=best")}
+    assert rows["b"]["baseline"] and rows["a"]["p"] != 0
+    assert rows["a"]["verdict"].startswith("no verdict: all 3 differences equal")
+    assert rows["c"]["verdict"] == "no verdict: 2 shared seeds: at least 3 pairs decide"
 
 
 def test_a_range_guessed_from_the_name_is_dropped_when_the_values_deny_it(tmp_path, capsys):
@@ -277,7 +356,7 @@ def test_a_baseline_with_an_interval_is_preferred_and_a_short_one_is_named(tmp_p
     rows = {r["cfg"]: r for r in records(capsys, tmp_path)}
     assert rows["b"]["baseline"] and rows["a"]["verdict"] == "no verdict: 1 shared seed: at least 3 pairs decide"
     rows = {r["cfg"]: r for r in records(capsys, tmp_path, "baseline=cfg=a")}
-    assert rows["b"]["verdict"] == "no verdict: 1 shared seed: at least 3 pairs decide"
+    assert rows["b"]["verdict"] == "no verdict: 1 shared seed: at least 2 pairs (and a residual df) decide"
 
 
 def test_interrupted_and_all_diverged_jobs_are_counted(tmp_path, capsys):

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
+from modforge.results import blocks
 from modforge.studies import boundaries, sequential, simulation
 from modforge.studies.simulation import Rung
 
@@ -29,7 +30,7 @@ def test_the_block_model_is_the_two_way_least_squares_fit_with_missing_runs():
     a, n = 4, 7
     y = rng.normal(size=(1, a, n)) + np.arange(a)[None, :, None] * 0.3 + rng.normal(size=(1, 1, n))
     y[0, 2, 3] = y[0, 0, 5] = y[0, 3, 1] = np.nan
-    est, factor, s2, df, pairs = (v[0] for v in sequential.block_fit(y, np.ones_like(y, bool)))
+    est, factor, s2, df, pairs = (v[0] for v in blocks.block_fit(y, np.ones_like(y, bool)))
     rows = [(i, s) for i in range(a) for s in range(n) if np.isfinite(y[0, i, s])]
     X = np.zeros((len(rows), 1 + (a - 1) + (n - 1)))
     for r, (i, s) in enumerate(rows):
@@ -47,7 +48,7 @@ def test_the_block_model_is_the_two_way_least_squares_fit_with_missing_runs():
     assert list(pairs) == [6, 5, 5]
     # complete, two arms: the paired t
     y2 = rng.normal(size=(1, 2, 6))
-    e2, f2, s22, df2, _ = (v[0] for v in sequential.block_fit(y2, np.ones_like(y2, bool)))
+    e2, f2, s22, df2, _ = (v[0] for v in blocks.block_fit(y2, np.ones_like(y2, bool)))
     d = y2[0, 1] - y2[0, 0]
     assert df2 == 5 and e2[0] == pytest.approx(d.mean()) and s22 * f2[0] == pytest.approx(d.var(ddof=1) / 6)
 
@@ -209,3 +210,29 @@ if __name__ == "__main__":  # the tables docs/studies.md quotes: python tests/te
             fixed = float(nct.sf(tdist.ppf(1 - 0.025 / k, 11), 11, effect * math.sqrt(12))) if effect else math.nan
             print(f"| {k} | {effect:g} | {s.power if effect else math.nan:.3f} | {s.runs:.1f} | "
                   f"{fixed:.3f} | {12 * (k + 1)} |")
+
+
+def test_a_comparison_with_trouble_gets_its_robust_check_and_only_it():
+    """The report's robust reading (modforge.studies.robust): the Hodges-Lehmann estimate of the paired
+    differences with the signed-rank interval, for comparisons where an arm had trouble; it says when the two
+    readings tell different stories."""
+    from modforge.studies import robust
+
+    base = {s: 2.0 + 0.01 * s for s in range(1, 10)}
+    spiky = {s: v - 0.02 + (0.4 if s == 3 else 0.0) + 0.002 * (s % 2) for s, v in base.items()}
+    r = robust.check(spiky, base, 0.95)
+    assert r["pairs"] == 9 and r["estimate"] == pytest.approx(-0.019, abs=0.002) and r["low"] < 0 < r["high"]
+    mean = sum(spiky[s] - base[s] for s in base) / 9
+    assert mean > 0.02  # the spike turned the mean's sign; the robust estimate kept it
+    clean = {"arm": "a", "rung": None, "verdict": "better", "estimate": -0.02, "low": -0.03, "high": -0.01,
+             "robust": None}
+    worse = {"arm": "b", "rung": None, "verdict": "worse", "estimate": mean, "low": 0.001, "high": 0.09,
+             "trouble": [1, 9], "trouble_base": [0, 9], "robust": r}
+    lines = robust.section({"verdicts": [clean, worse], "margin": 0.02})
+    table = [x for x in "\n".join(lines).splitlines() if x.startswith("| — | b |")]
+    assert len(table) == 1 and "no: it does not exclude 0 on the verdict's side" in table[0]
+    assert "| — | a |" not in "\n".join(lines)
+    assert robust.section({"verdicts": [clean], "margin": 0.02}) == []
+    below = {"estimate": -0.02, "low": -0.03, "high": -0.01, "coverage": 0.96, "pairs": 9}
+    assert robust.agrees({**worse, "verdict": "better", "low": -0.05, "high": -0.01, "robust": below}, 0.02) == "yes"
+    assert robust.agrees({**worse, "verdict": "inconclusive", "robust": below}, 0.02) == "no: it excludes 0"

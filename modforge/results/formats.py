@@ -29,7 +29,8 @@ def verdict(t: Table, r: Row) -> str:
             return f"no verdict: {'the baseline has' if r.n else 'this arm has'} no finished run with {t.metric}"
         return "not in the study's family" if t.declared and r.jobs else ""
     word, why = stats.verdict(r.diff, t.best, t.margin)
-    word = f"equivalent within ±{t.margin:g}" if word == "equivalent" else word
+    if word == "equivalent":  # the word carries the margin; the reason need not repeat it
+        word, why = f"equivalent within ±{t.margin:g}", why.removeprefix(f"within ±{t.margin:g}; ")
     return f"{word} ({why})" if word != "undecided" else f"no verdict: {why}"
 
 def verdict_word(t: Table, r: Row) -> str:
@@ -79,7 +80,7 @@ def answer_rows(t: Table) -> tuple[list, list]:
                      fmt(max(vals) if vals else math.nan),
                      fmt(d.estimate) if d else ("0" if r.is_baseline else ""),
                      f"[{fmt(d.low)}, {fmt(d.high)}]" if d and d.decided else "",
-                     (d.n if d.test == "paired" else f"{d.n_x} vs {d.n_y}") if d else "",
+                     (d.n if d.test in ("paired", "block") else f"{d.n_x} vs {d.n_y}") if d else "",
                      verdict(t, r), outcome_cell(t, r), other_statuses(r, t.metric)])
     return head, body
 
@@ -91,7 +92,7 @@ def pairing_rows(t: Table) -> tuple[list, list]:
     body = []
     for r in t.rows:
         d = r.diff
-        if d is None or not d.decided or d.test != "paired":
+        if d is None or not d.decided or d.test not in ("paired", "block"):
             continue
         body.append([*r.label, d.n, fmt(d.corr, 2), f"{d.removed:.0%}" if not math.isnan(d.removed) else "",
                      fmt(d.mde), f"{d.p:.3g}" if not math.isnan(d.p) else "", same_batches(t, r)])
@@ -137,15 +138,26 @@ def describe(t: Table, over: tuple) -> str:
         if t.overridden:
             text += f"; the command line replaced the study's {', '.join(t.overridden)}"
     if t.family:
-        pairing = "paired over the seeds both arms finished" if t.test == "paired" else \
-            "Welch's unpaired test (the arms share no seed)"
-        text += (f"; Δ = row - baseline, {pairing}; the {t.family} {t.family_of} form one family at "
-                 f"{t.level:.0%}: each Δ interval is at {1 - (1 - t.level) / t.family:.4g} (Bonferroni), and the "
-                 "verdict is read off it: better/worse when it excludes 0, "
+        text += (f"; Δ = row - baseline, {family_rule(t)}, and the verdict is read off it: better/worse when it "
+                 "excludes 0, "
                  + (f"equivalent when it lies inside ±{t.margin:g} (the declared margin), " if t.margin is not None
                     else "no equivalence without a declared margin (margin=), ")
                  + "else inconclusive with the minimum detectable effect at 80% power")
     return text
+
+def family_rule(t: Table) -> str:
+    """How the table's Δ intervals are made and held to the family's level."""
+    head = f"the {t.family} {t.family_of} form one family at {t.level:.0%}"
+    if t.test == "block":
+        read = [r.diff for r in t.rows if r.diff is not None and r.diff.decided]
+        crit = (f"c = {stats.t_quantile(1 - read[0].tail / 2, read[0].df):.4g} at the model's {read[0].df:g} "
+                "residual df" if read else "c")
+        return ("every arm in one randomised-block model of the runs (seed as block, arm as treatment: the "
+                f"residual df come from every arm); {head}: each Δ interval is Δ ± c·se with Dunnett's critical "
+                f"value {crit}")
+    pairing = "paired over the seeds both arms finished" if t.test == "paired" else \
+        "Welch's unpaired test (the arms share no seed)"
+    return f"{pairing}; {head}: each Δ interval is at {1 - (1 - t.level) / t.family:.4g} (Bonferroni)"
 
 def to_markdown(tables: list[Table], shared: dict, counts: dict, over: tuple, problems: list[Job]) -> str:
     out = []
@@ -176,6 +188,7 @@ def to_records(tables: list[Table]) -> list[dict]:
                    "ci_kind": r.interval.kind, "sd": r.sd,
                    "min": min(r.values.values(), default=math.nan), "max": max(r.values.values(), default=math.nan),
                    "baseline": r.is_baseline, "diff": d.estimate if d else math.nan,
+                   "diff_se": d.se if d else math.nan, "diff_df": d.df if d else math.nan,
                    "diff_ci_low": d.low if d else math.nan, "diff_ci_high": d.high if d else math.nan,
                    "diff_ci_level": 1 - d.alpha if d else math.nan, "test": d.test if d else "",
                    "pairs": d.n if d else 0, "p": d.p if d else math.nan,

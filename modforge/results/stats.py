@@ -9,15 +9,19 @@ here is which procedure answers which question:
   answer). Pairing is what makes a seed worth having: with common random numbers two runs of one seed see the
   same batches, so the difference cancels what they share. When two arms share no seed at all, the family is
   compared by Welch's unpaired test instead, and says so; a family never mixes the two.
-* **A family** of k comparisons is tested at level 1 - alpha as a whole (Bonferroni): every printed interval is
-  a simultaneous one, at 1 - alpha/k, and every verdict is read off that interval, so the two cannot disagree.
-  (Holm's step-down rejects a little more often but has no intervals that match its decisions.)
+* **A family** of k comparisons is tested at level 1 - alpha as a whole: every printed interval is a
+  simultaneous one and every verdict is read off that interval, so the two cannot disagree. Against one
+  baseline the comparisons are the contrasts of one randomised-block model with Dunnett's critical value
+  (:mod:`modforge.results.blocks`); here (:func:`compare`, a pair at a time) at 1 - alpha/k (Bonferroni), used
+  where the baseline is the best (every pair is then in the family) or no seed is shared. (Holm's step-down
+  rejects a little more often but has no intervals that match its decisions.)
 * **Four verdicts.** *better* / *worse*: the interval excludes 0. *equivalent within ±m*: the interval lies
   inside (-m, m), which is two one-sided tests (TOST) each at alpha/(2k): stricter than Schuirmann's 1 - 2alpha
   interval, so that one printed interval carries every verdict. *inconclusive*: neither, stated with the
   minimum detectable effect (MDE): the true difference the test would find with 80% power at this number of
   pairs and this spread (the noncentral t's power, solved for the effect). No verdict at all, with the reason,
-  under 3 pairs or when the differences have no spread (a p-value of 0 from two numbers is no evidence).
+  under 3 pairs of a paired t (2 with the block model, whose residual df come from every arm) or when the
+  differences have no spread (a p-value of 0 from two numbers is no evidence).
 * **Bounded metrics** (an accuracy in [0, 1], a loss >= 0) get intervals inside their range: Wilson's score
   interval when every run sits at a bound (5 of 5 runs at exact match 1.0 is a rate, 5/5), else Student's t
   where it stays in range, else Student's t on the logit (two bounds) or log (one bound) scale, values at a
@@ -133,7 +137,7 @@ class Comparison:
 
     estimate: float
     n: int  # pairs used (paired), or the smaller arm's runs (welch)
-    test: str  # "paired" | "welch"
+    test: str  # "paired" | "welch" | "block" (every arm in one randomised-block model: modforge.results.blocks)
     level: float  # the family's level; the interval is at 1 - (1 - level) / family
     family: int
     low: float = math.nan
@@ -146,14 +150,18 @@ class Comparison:
     why: str = ""  # why there is no decision ("" when there is one)
     n_x: int = 0
     n_y: int = 0
+    tail: float = math.nan  # each interval's two-sided tail where the family's rule is not Bonferroni's (Dunnett's)
+    p_family: float = math.nan  # the family-adjusted p where it is computed exactly (Dunnett's)
 
     @property
     def alpha(self) -> float:
-        """Each comparison's two-sided level (Bonferroni)."""
-        return (1 - self.level) / self.family
+        """Each comparison's two-sided level: Bonferroni's (1 - level) / family, or the family rule's ``tail``."""
+        return self.tail if not math.isnan(self.tail) else (1 - self.level) / self.family
 
     @property
     def p_adjusted(self) -> float:
+        if not math.isnan(self.p_family):
+            return self.p_family
         return min(1.0, self.p * self.family) if not math.isnan(self.p) else math.nan
 
     @property
@@ -243,6 +251,44 @@ def pairing(x: dict, y: dict) -> tuple:
     return statistics.correlation(xs, ys), 1 - statistics.variance([a - b for a, b in zip(xs, ys)]) / (vx + vy)
 
 
+def signed_rank_counts(n: int) -> list:
+    """How many of the 2^n sign patterns of n untied paired differences give each value 0..n(n+1)/2 of
+    Wilcoxon's signed-rank statistic T+ (the exact null law, by counting subsets of the ranks 1..n)."""
+    counts = [1]
+    for r in range(1, n + 1):
+        grown = counts + [0] * r
+        for s, c in enumerate(counts):
+            grown[s + r] += c
+        counts = grown
+    return counts
+
+
+def hodges_lehmann(d: Sequence[float], level: float = 0.95) -> tuple:
+    """A robust location of paired differences: (Hodges-Lehmann estimate, low, high, the interval's exact
+    coverage). The estimate is the median of the n(n+1)/2 Walsh averages (d_i + d_j)/2, i <= j; the interval is
+    Wilcoxon's signed-rank one (Hollander and Wolfe 1999, sec. 3.3): the Walsh averages of ranks C and N + 1 - C,
+    C the largest with P(T+ < C) <= (1 - level)/2 under the exact null law, so its coverage is at least ``level``
+    when the differences are symmetric about their centre. A minority of outlying differences (a spike) moves it
+    little: its breakdown point is 29%, where one spike moves a mean without bound. With too few pairs for the
+    level (the smallest two-sided tail of n pairs is 2 / 2^n) the interval is (-inf, inf)."""
+    xs = sorted(float(x) for x in d if math.isfinite(x))
+    n = len(xs)
+    if not n:
+        return math.nan, math.nan, math.nan, math.nan
+    walsh = sorted((xs[i] + xs[j]) / 2 for i in range(n) for j in range(i, n))
+    est = statistics.median(walsh)
+    counts, total = signed_rank_counts(n), 2.0 ** n
+    below, c = 0.0, 0
+    for s, k in enumerate(counts):  # P(T+ <= s), accumulated until it passes the tail
+        if (below + k) / total > (1 - level) / 2:
+            break
+        below += k
+        c = s + 1
+    if c == 0:
+        return est, -math.inf, math.inf, 1.0
+    return est, walsh[c - 1], walsh[len(walsh) - c], 1 - 2 * below / total
+
+
 def verdict(c: Comparison, better: str = "min", margin: Optional[float] = None, test: Optional[str] = None) -> tuple:
     """-> (word, what it rests on): ``better``, ``worse``, ``equivalent``, ``inconclusive`` or ``undecided``.
     ``better``: the direction in which the metric improves (min or max); ``margin``: the declared m of
@@ -250,6 +296,8 @@ def verdict(c: Comparison, better: str = "min", margin: Optional[float] = None, 
     was made, as the reason says it (default: the test, its pairs and the family)."""
     if not c.decided:
         return "undecided", c.why
+    if test is None and c.test == "block":
+        test = f"block model, {c.n} pairs, df {c.df:g}" + (f", Dunnett over {c.family}" if c.family > 1 else "")
     test = test or f"{c.test}, n={c.n}" + (f", {c.family} in the family" if c.family > 1 else "")
     if c.low > 0 or c.high < 0:
         word = "better" if (c.estimate < 0) == (better == "min") else "worse"

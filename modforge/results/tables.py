@@ -1,7 +1,9 @@
 """A sweep's results as tables: the jobs (:mod:`modforge.results.jobs`) grouped into
 configurations (pooled over seeds), each row's mean and interval (inside the metric's range), spread, its
-difference from the baseline over the seeds both finished, with a simultaneous interval and one of four
-verdicts (:mod:`modforge.results.stats`), its rate of diverged and collapsed runs with Fisher's test, and the
+difference from the baseline (every arm against one baseline in one randomised-block model of the seeds,
+:mod:`modforge.results.blocks`, with Dunnett's simultaneous intervals; against a baseline chosen as the best,
+every pair's paired t; Welch's where no seed is shared), and one of four verdicts
+(:mod:`modforge.results.stats`), its rate of diverged and collapsed runs with Fisher's test, and the
 cost figures; written out by :mod:`modforge.results.formats` (Markdown, CSV, JSON). A sweep whose experiment declared a ``study:`` block is reported
 as it declared. No Lightning, no Hydra: the command is :mod:`modforge.report`, the plots
 :mod:`modforge.results.plots`."""
@@ -15,7 +17,7 @@ from typing import Optional
 import yaml
 
 from modforge.registry import suggest
-from modforge.results import stats
+from modforge.results import blocks, stats
 from modforge.results.jobs import (OUTCOMES, Job, ReportError, at_point, metric_info, metric_value,
                                    natural, same_value)
 
@@ -177,9 +179,18 @@ def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: st
         t.family_of = "comparisons with the baseline" + (" the study declared" if compare is not None else "")
     t.family = max(1, len(pairs))
     t.test = "paired" if over and any(set(a.values) & set(b.values) for a, b in pairs) else "welch"
+    if t.test == "paired" and pairs and all(b is base for _, b in pairs):
+        t.test = "block"  # against one baseline: every arm in one randomised-block model, as a study reads it
     for r in members:
         r.in_family = True
-        if r.n and base.n:
+    have = [r for r in members if r.n] if base.n else []
+    if t.test == "block" and have:
+        got = blocks.against_baseline({id(r): r.values for r in [base, *have]}, id(base), [id(r) for r in have],
+                                      level, hi - lo, family=t.family)
+        for r in have:
+            r.diff = got[id(r)]
+    else:
+        for r in have:
             r.diff = stats.compare(r.values, base.values, level, t.family, t.test == "paired", hi - lo)
     tested = [r for r in members if r.ended and base.ended]  # Fisher's tests form their own family
     for r in tested:

@@ -64,7 +64,7 @@ def spending(level: float, looks: tuple, rho: float = RHO) -> list:
 
 def null_maxima(layout: Layout, draws: int, rng) -> "np.ndarray":
     """max |T| over the family at each look, for ``draws`` families under the global null: shape (draws, looks).
-    Each rung's statistics are the block model's (:func:`modforge.studies.sequential.block_fit`) on complete
+    Each rung's statistics are the block model's (:func:`modforge.results.blocks.block_fit`) on complete
     data: arm mean minus baseline mean, over sqrt(2 s^2 / n), s^2 the two-way residual mean square."""
     import numpy as np
 

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from modforge.results import blocks
 from modforge.studies import boundaries, halving, lrfit, sequential, tuning
 from modforge.studies.design import Design
 from modforge.studies.runner import Plan
@@ -232,7 +233,7 @@ def borrowed_variance(d: Design, fits: dict, arms: list, rung: str) -> tuple:
             continue
         width = max(map(len, table))
         y = np.array([[row[i] if i < len(row) else math.nan for i in range(width)] for row in table])[None]
-        _, _, s2, d_, _ = sequential.block_fit(y, np.isfinite(y))  # rates as arms, tuning seeds as blocks
+        _, _, s2, d_, _ = blocks.block_fit(y, np.isfinite(y))  # rates as arms, tuning seeds as blocks
         if d_[0] > 0:
             ss, df = ss + float(s2[0]) * float(d_[0]), df + int(d_[0])
     return ss, df

@@ -6,7 +6,7 @@ looks n_1 < ... < n_L). At each look, a comparison not yet decided gets its four
 is decided, is futile, or ``max`` is reached.
 
 **The model.** Each compared arm is read against its rung's baseline in one randomised-block model of the rung
-(:func:`block_fit`: seed as block, arm as treatment; common random numbers make a seed's runs share their
+(:func:`~modforge.results.blocks.block_fit`: seed as block, arm as treatment; common random numbers make a seed's runs share their
 batches), its standard error from the model's residual variance: df (a - 1)(n - 1) for a rung of a arms at n
 seeds, where a paired t has n - 1 (a 4-arm rung at 6 seeds has 15 df, not 5). Under y = mu_arm + beta_seed + e
 with normal e of one variance per rung, these statistics are free of the variance and of the seed effects:
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from modforge.results import stats
+from modforge.results.blocks import MIN_PAIRS, arrays, block_fit, contrast
 
 FUTILITY = 0.02  # a comparison whose chance of a decision by max is below this stops adding seeds
-MIN_PAIRS = 2  # a comparison is read from this many pairs (its rung's pooled variance has df >= 1)
 
 
 def looks(n_min: int, n_max: int, step: int) -> list[int]:
@@ -61,76 +61,12 @@ class Decision:
     futile: bool = False
 
 
-def block_fit(y, m) -> tuple:
-    """The randomised-block model of a rung (seed as block, arm as treatment), for F families at once (the
-    intra-block analysis; Cochran and Cox 1957, ch. 9). ``y``, ``m``: (F, a, n) values and which runs count (arm
-    0 the baseline; a failed run, NaN, never counts). -> (est, factor, s2, df, pairs): each compared arm's
-    estimate minus the baseline's (F, a - 1), its variance as s2 x factor, the residual mean square and its df
-    (F,), and the seeds it shares with the baseline (F, a - 1). With every run present it is each arm's mean
-    minus the baseline's, over sqrt(2 s2 / n), df (a - 1)(n - 1); with two arms, the paired t."""
-    import numpy as np
-
-    m = np.asarray(m, bool) & np.isfinite(y)
-    w = m.astype(float)
-    y = np.where(m, y, 0.0)
-    k = w.sum(axis=1)  # (F, n): arms run at each seed
-    inv_k = np.divide(1.0, k, out=np.zeros_like(k), where=k > 0)
-    dev = (y - (y.sum(axis=1) * inv_k)[:, None, :]) * w  # within each seed
-    q = dev.sum(axis=2)[:, 1:]
-    c = -np.einsum("fis,fjs,fs->fij", w, w, inv_k)
-    idx = np.arange(w.shape[1])
-    c[:, idx, idx] += w.sum(axis=2)
-    c = c[:, 1:, 1:]
-    inv = np.linalg.pinv(c, hermitian=True)
-    est = np.einsum("fij,fj->fi", inv, q)
-    rss = (dev * dev).sum(axis=(1, 2)) - (est * q).sum(axis=1)
-    df = w.sum(axis=(1, 2)) - (k > 0).sum(axis=1) - np.linalg.matrix_rank(c, hermitian=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.where(df > 0, np.maximum(rss, 0.0) / np.maximum(df, 1), np.nan)
-    pairs = (w[:, 1:, :] * w[:, :1, :]).sum(axis=2)
-    return est, np.einsum("fii->fi", inv), s2, df, pairs
-
-
 def pool(s2: float, df: float, ss_borrowed: float, df_borrowed: int) -> tuple:
     """The block model's residual mean square pooled with a borrowed sum of squares: (s2, df)."""
     if not df_borrowed:
         return s2, df
     rss = s2 * df if df > 0 else 0.0
     return (rss + ss_borrowed) / (df + df_borrowed), df + df_borrowed
-
-
-def rung_arrays(values: dict, arms: list) -> tuple:
-    """``values`` ({arm: {seed: value}}) of ``arms`` (baseline first) as (1, a, n) values and mask over the
-    union of their seeds, and the seeds."""
-    import numpy as np
-
-    seeds = sorted({s for a in arms for s in values[a]})
-    y = np.array([[[values[a].get(s, math.nan) for s in seeds] for a in arms]], float)
-    return y, np.isfinite(y), seeds
-
-
-def comparison(x: dict, y: dict, est: float, factor: float, s2: float, df: float, pairs: int, crit: float,
-               span: float = math.inf, extra_var: float = 0.0) -> stats.Comparison:
-    """One contrast of the rung's block model as a :class:`~modforge.results.stats.Comparison`: its interval
-    est ± crit se (se from s2 x factor plus ``extra_var``; cut at ±span), at the level ``crit`` has for a single
-    t with ``df``; the correlation of the two arms over the seeds they share."""
-    pairs = int(pairs)
-    c = stats.Comparison(float(est), pairs, "block", 0.95, 1, n_x=sum(map(math.isfinite, x.values())),
-                         n_y=sum(map(math.isfinite, y.values())))
-    if pairs < MIN_PAIRS or not df >= 1:
-        c.why = f"{pairs} shared seed{'s' * (pairs != 1)}: at least {MIN_PAIRS} pairs (and a residual df) decide"
-        return c
-    if not s2 > 0:
-        c.why = "the rung's runs have no spread to judge them by"
-        return c
-    st = stats._t()
-    c.se, c.df = math.sqrt(s2 * factor + extra_var), float(df)
-    c.level = 1 - 2 * float(st.t.sf(crit, df)) if math.isfinite(crit) else 1.0
-    half = crit * c.se
-    c.low, c.high = max(c.estimate - half, -span), min(c.estimate + half, span)
-    c.p = float(2 * st.t.sf(abs(c.estimate) / c.se, df))
-    c.corr, c.removed = stats.pairing(x, y)
-    return c
 
 
 def futile(c: stats.Comparison, s2: float, n_max: int, crit_last: float, margin: Optional[float],
@@ -207,7 +143,7 @@ def decide_rung(values: dict, baseline: str, compared: list, open_: list, look: 
     arms = [baseline, *compared]
     trouble = {a: troubled(values[a], spike, better) for a in arms}
     bad = {a: t[1] for a, t in trouble.items()}  # spikes: a failed run is only missing from the model
-    y, m, _ = rung_arrays(values, arms)
+    y, m, _ = arrays(values, arms)
     m[0, [i for i, a in enumerate(arms) if bad[a]], :] = False  # the block model holds the arms without spikes
     est, factor, s2, df, pairs = (v[0] for v in block_fit(y, m))
     s2, df = pool(float(s2), float(df), *borrowed)
@@ -230,7 +166,7 @@ def decide_rung(values: dict, baseline: str, compared: list, open_: list, look: 
         else:
             e_, f_, s2_, df_, n = est[i], factor[i], s2, df, pairs[i]
         c_look = at_df(crit[look], planned_df, df_)
-        c = comparison(values[a], values[baseline], e_, f_, s2_, df_, n, c_look, span, extra_var.get(a, 0.0))
+        c = contrast(values[a], values[baseline], e_, f_, s2_, df_, n, c_look, span, extra_var.get(a, 0.0))
         if own:
             c.test = "paired (trouble: its own variance)"
         if not c.decided:

@@ -10,7 +10,8 @@ from typing import Optional
 
 from modforge.studies import boundaries
 from modforge.studies.boundaries import RHO, Layout, critical_values
-from modforge.studies.sequential import FUTILITY, MIN_PAIRS, block_fit, decide_rung
+from modforge.results.blocks import MIN_PAIRS, block_fit
+from modforge.studies.sequential import FUTILITY, decide_rung
 
 @dataclass
 class Rung:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from modforge.results import jobs, stats
 from modforge.results.formats import fmt_count, markdown_table
-from modforge.studies import boundaries, ladder, lrfit, sequential, simulation, tuning
+from modforge.studies import boundaries, ladder, lrfit, robust, sequential, simulation, tuning
 from modforge.studies.design import Design
 from modforge.studies.rounds import tuning_var
 from modforge.utils.files import write_json, write_text
@@ -62,7 +62,9 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                              "p": c.p, "p_adjusted": c.p_adjusted, "mde": c.mde if dec.word == "inconclusive" else math.nan,
                              "corr": c.corr, "outcome_p": stats.fisher(n_all[0], n_all[1], n_base[0], n_base[1]),
                              "model": c.test, "futile": dec.futile, "trouble": list(n_all),
-                             "trouble_base": list(n_base)})
+                             "trouble_base": list(n_base),
+                             "robust": robust.check(values[(a, r)], values[(d.baseline, r)], 1 - c.alpha)
+                             if n_all[0] or n_base[0] else None})
     fixed_runs = len(d.arms) * len(d.rungs) * d.seeds["max"]
     out = {"experiment": d.experiment, "question": d.study.get("question"), "declared": d.study,
            "overrides": d.overrides, "metric": d.metric, "better": d.better, "level": d.level, "margin": d.margin,
@@ -364,6 +366,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
               "comparison stopped adding seeds (its chance of a decision by the last look was under 2%). "
               "Comparison rounds (arm-rungs run in each): " + "; ".join(
                   f"{i + 1}: {len(x)}" for i, x in enumerate(r["rounds"])) + "."]
+    lines += robust.section(rec)
     lines += ["", "## Arms", ""]
     head = ["rung", "arm", "setting", "params (non-emb.)", "steps", "tokens", "train FLOPs", "n", "mean", "interval",
             "sd", "trouble: diverged or collapsed / spiked / runs"]
