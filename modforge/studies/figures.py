@@ -152,17 +152,17 @@ def ladder_plot(d: Design, rec: dict, out: Path) -> list:
         err = [[max(0.0, p[1] - p[2]) if math.isfinite(p[2]) else 0.0 for p in pts],
                [max(0.0, p[3] - p[1]) if math.isfinite(p[3]) else 0.0 for p in pts]]
         bar = ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=arm + (" (baseline)" if arm == d.baseline else ""))
-        f = lad["fits"].get(arm)
-        if f:
+        f = lad.get("fit")
+        if f and arm in f["A"]:
             hi = max(xs + ([lad["target_flops"]] if lad["target_flops"] else []))
             grid = [min(xs) * (hi / min(xs)) ** (k / 60) for k in range(61)]
-            ax.plot(grid, [f["E"] + f["A"] * (c / f["c_ref"]) ** (-f["alpha"]) for c in grid],
+            ax.plot(grid, [f["E"] + f["A"][arm] * (c / f["c_ref"]) ** (-f["alpha"]) for c in grid],
                     linestyle=["-", "--", "-.", ":"][i % 4], color=bar[0].get_color(), alpha=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel(d.metric)
-    ax.set_title("metric against compute; lines: L = E + A (C/C0)^-alpha", fontsize=9)
+    ax.set_title("metric against compute; lines: the joint fit L = E + A_arm (C/C0)^-alpha", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return _save(fig, out, "ladder.png")

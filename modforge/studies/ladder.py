@@ -1,71 +1,20 @@
-"""A ladder of sizes: each arm's final metric against its training compute, fitted as a power law, and whether the
-arms' ranking changes with size.
+"""A ladder of sizes in a study's report: every arm at every rung, the joint fit of loss against compute
+(:mod:`modforge.studies.scaling`: shared E and exponent, each arm's compute multiplier with its interval, the
+per-arm-exponent alternative, lack of fit, the held-out top rung), each rung's ranking and its agreement with the
+top rung's, and the changes of ranking between rungs.
 
-* **The fit**: L(C) = E + A * C^(-alpha) (Kaplan et al. 2020; Hoffmann et al. 2022 fit the same form in N and D),
-  by least squares (``scipy.optimize.curve_fit``) on the mean over seeds at each rung, with C the runs' counted
-  training FLOPs. E is kept in [0, min L) and alpha in (0, 5]. Three rungs determine three parameters exactly,
-  so the fit's own residuals say nothing: its uncertainty is the **bootstrap over seeds** (seed numbers
-  resampled with replacement, the same draw for every arm and rung, so the arms' gaps stay paired), percentile
-  intervals.
-* **The gap** between an arm and the baseline at the largest rung is the comparison's verdict there (paired t,
-  :mod:`modforge.studies.sequential`); at a declared target compute it is the difference of the two fits there,
-  with its bootstrap interval: an extrapolation, and said to be one when the target is past the largest rung.
-* **Ranking**: the arms ordered by their mean at each rung; every pair whose order differs between two rungs is
-  a change of ranking, marked *decided* when the verdicts against the baseline at those rungs say so in opposite
-  directions (better at one, worse at the other).
+* **The gap** at the largest rung is that rung's comparison (its verdict); at a declared ``target_flops`` it is
+  the joint fit's, with its interval, said to be an extrapolation past the largest rung, and *inconclusive at
+  target* where the interval holds 0.
+* **Ranking**: the arms ordered by their mean at each rung over the seeds every arm finished there; every pair
+  whose order differs between two rungs is a change of ranking, marked *decided* when the verdicts against the
+  baseline at those rungs say so in opposite directions (better at one, worse at the other).
 """
 import math
-import random
-from dataclasses import dataclass, field
 from typing import Optional
 
-
-@dataclass
-class Fit:
-    E: float
-    A: float
-    alpha: float
-    c_ref: float  # C is fitted as C / c_ref, for the numbers' sake: A is in those units
-    intervals: dict = field(default_factory=dict)  # "E" / "alpha" -> (low, high) over the bootstrap
-    draws: int = 0  # bootstrap draws whose fit converged
-
-    def __call__(self, c: float) -> float:
-        return self.E + self.A * (c / self.c_ref) ** (-self.alpha)
-
-
-def fit_power(compute: list[float], loss: list[float]) -> Optional[Fit]:
-    """L = E + A (C / c_ref)^-alpha through the points, or None when it cannot be fitted (fewer than 3 rungs, a
-    non-finite point, or no convergence)."""
-    pts = [(c, l) for c, l in zip(compute, loss) if math.isfinite(c) and math.isfinite(l) and c > 0]
-    if len(pts) < 3 or len({c for c, _ in pts}) < 3:
-        return None
-    import numpy as np
-    from scipy.optimize import curve_fit
-
-    c = np.array([p[0] for p in pts], dtype=float)
-    y = np.array([p[1] for p in pts], dtype=float)
-    c_ref = float(c.min())
-    x = np.log(c / c_ref)
-
-    def f(x, E, a, alpha):
-        return E + np.exp(a - alpha * x)
-
-    lo = float(y.min())
-    p0 = [max(0.0, 0.5 * lo), math.log(max(float(y.max()) - 0.5 * lo, 1e-6)), 0.3]
-    import warnings
-
-    from scipy.optimize import OptimizeWarning
-
-    try:
-        with warnings.catch_warnings():  # three rungs fit three parameters exactly: no covariance, by design
-            warnings.simplefilter("ignore", OptimizeWarning)
-            (E, a, alpha), _ = curve_fit(f, x, y, p0=p0, bounds=([0.0, -50.0, 1e-4], [max(lo, 1e-9), 50.0, 5.0]),
-                                         maxfev=20000)
-    except (RuntimeError, ValueError):
-        return None
-    if not all(math.isfinite(v) for v in (E, a, alpha)):
-        return None
-    return Fit(float(E), float(math.exp(a)), float(alpha), c_ref)
+from modforge.results.formats import markdown_table
+from modforge.studies import scaling
 
 
 def shared_seeds(values: dict) -> dict:
@@ -87,57 +36,120 @@ def rung_means(values: dict, seeds: Optional[list] = None) -> dict:
     return out
 
 
-def fit_arms(values: dict, compute: dict, level: float = 0.95, draws: int = 1000, target: Optional[float] = None,
-             baseline: Optional[str] = None, seed: int = 0) -> dict:
-    """Per arm, its fit with bootstrap intervals; with ``target`` and ``baseline``, each arm's fitted gap to the
-    baseline at ``target`` with its interval. ``values``: {arm: {rung: {seed: metric}}}; ``compute``: {arm:
-    {rung: training FLOPs}}. -> {"fits": {arm: Fit | None}, "gaps": {arm: (gap, low, high, draws)}}."""
-    rungs = {arm: sorted(by_rung, key=lambda r: compute[arm][r]) for arm, by_rung in values.items()}
-    fits = {}
-    for arm, by_rung in values.items():
-        means = rung_means(by_rung)
-        fits[arm] = fit_power([compute[arm][r] for r in rungs[arm]], [means[r] for r in rungs[arm]])
-    all_seeds = sorted({s for by_rung in values.values() for v in by_rung.values() for s in v})
-    rng = random.Random(seed)
-    boot: dict = {arm: [] for arm in values}
-    gaps: dict = {arm: [] for arm in values}
-    for _ in range(draws if all_seeds else 0):
-        sample = [rng.choice(all_seeds) for _ in all_seeds]
-        drawn = {}
-        for arm, by_rung in values.items():
-            means = rung_means(by_rung, sample)
-            drawn[arm] = fit_power([compute[arm][r] for r in rungs[arm]], [means[r] for r in rungs[arm]])
-            if drawn[arm] is not None:
-                boot[arm].append(drawn[arm])
-        if target is not None and baseline in drawn and drawn[baseline] is not None:
-            for arm, fit in drawn.items():
-                if fit is not None and arm != baseline:
-                    gaps[arm].append(fit(target) - drawn[baseline](target))
-    q = (1 - level) / 2
-    for arm, fit in fits.items():
-        if fit is not None and boot[arm]:
-            fit.draws = len(boot[arm])
-            fit.intervals = {"E": percentile([b.E for b in boot[arm]], q), "alpha": percentile([b.alpha for b in boot[arm]], q)}
-    out_gaps = {}
-    if target is not None and baseline in fits and fits[baseline] is not None:
-        for arm, fit in fits.items():
-            if arm != baseline and fit is not None:
-                lo, hi = percentile(gaps[arm], q) if gaps[arm] else (math.nan, math.nan)
-                out_gaps[arm] = (fit(target) - fits[baseline](target), lo, hi, len(gaps[arm]))
-    return {"fits": fits, "gaps": out_gaps}
+def record(d, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
+    """The ladder's part of ``report.json``: the joint fit and its checks, each rung's means and ranking."""
+    rung_order = list(d.rungs)
+    by_arm = shared_seeds({a: {r: values[(a, r)] for r in rung_order} for a in d.arms})
+    compute = {a: {r: flops[(a, r)] for r in rung_order} for a in d.arms}
+    target = d.study.get("target_flops")
+    means = {r: {a: rung_means({r: by_arm[a][r]})[r] for a in d.arms} for r in rung_order}
+    words = {(v["arm"], v["rung"]): v["verdict"] for v in verdicts}
+    largest = max(max(compute[a].values()) for a in d.arms)
+    arms = [d.baseline] + [a for a in d.arms if a != d.baseline]
+    joint = None
+    note = ""
+    if d.better == "min":
+        lad = scaling.Ladder(arms, rung_order, {k: dict(v) for k, v in values.items()},
+                             {(a, r): flops[(a, r)] for a in d.arms for r in rung_order})
+        joint = scaling.joint_fit(lad, d.level, draws=min(draws, 1000), target=target)
+        note = joint.why
+    else:  # L = E + A C^-alpha describes a metric that falls with compute
+        note = (f"no fit: {d.metric} rises with compute (better: max), and the power law describes a metric that "
+                "falls with it")
+    fit = joint.fit if joint else None
+    return {"fit_note": note,
+            "shared_seeds": {r: len(next(iter(by_arm.values()))[r]) for r in rung_order},
+            "fit": None if fit is None else {"E": fit.E, "alpha": fit.alpha, "A": fit.A, "c_ref": fit.c0,
+                                             "at_edge": fit.at_edge, "sse": fit.sse},
+            "multipliers": {a: {"m": m[0], "low": m[1], "high": m[2]} for a, m in (joint.multipliers if joint
+                                                                                    else {}).items()},
+            "alternative": joint.alternative if joint else {}, "lack_of_fit": joint.lack_of_fit if joint else {},
+            "held_out": joint.held_out if joint else {}, "draws": joint.draws if joint else 0,
+            "target_flops": target, "extrapolated": bool(target and target > largest),
+            "gaps_at_target": {a: {"gap": g[0], "low": g[1], "high": g[2], "word": g[3]}
+                               for a, g in (joint.target if joint else {}).items()},
+            "means": means, "compute": compute,
+            "intervals": {a: {r: _interval(list(by_arm[a][r].values()), d.level) for r in rung_order}
+                          for a in d.arms},
+            "ranking": rankings(means, d.better), "agreement": scaling.agreement(means, rung_order, d.better),
+            "flips": flips(means, rung_order, words, d.baseline, d.better), "largest_rung": rung_order[-1]}
 
 
-def percentile(xs: list[float], q: float) -> tuple:
-    s = sorted(xs)
-    if not s:
+def _interval(xs: list, level: float) -> tuple:
+    from modforge.results import stats
+
+    xs = [x for x in xs if math.isfinite(x)]
+    if len(xs) < 2:
         return (math.nan, math.nan)
+    iv = stats.mean_interval(xs, level)
+    return (iv.low, iv.high)
 
-    def at(p: float) -> float:
-        i = p * (len(s) - 1)
-        lo, hi = math.floor(i), math.ceil(i)
-        return s[lo] + (s[hi] - s[lo]) * (i - lo)
 
-    return (at(q), at(1 - q))
+def section(d, rec: dict, plots: list) -> list:
+    """The report's "Ladder" section."""
+    lad = rec["ladder"]
+    if not lad:
+        return []
+    f = lad["fit"]
+    lines = ["", "## Ladder", ""]
+    if f is None:
+        return lines + [f"No joint fit: {lad['fit_note']}."]
+    lines += [f"Joint fit of the rung means (every finished run), weighted by each mean's seeds over the pooled "
+              f"residual variance: L(C) = E + A_arm·(C / C₀)^(−α) with E = {f['E']:.4f} and α = {f['alpha']:.3f} "
+              f"shared, C₀ = {f['c_ref']:.3g} FLOPs" + (" (at a bound of its search: read with care)" if f["at_edge"]
+                                                       else "")
+              + f"; intervals from {lad['draws']} parametric bootstrap draws that keep the design (seed effects "
+              f"shared within a rung, each rung's variance drawn from its chi-square), at {d.level:g}.", ""]
+    head = ["arm", "A", "compute multiplier (baseline needs m× to match)", "interval", "own exponent (alternative)"]
+    body = [[a, f"{A:.4f}", f"{lad['multipliers'][a]['m']:.3g}" if a in lad["multipliers"] else "baseline",
+             "[{:.3g}, {:.3g}]".format(lad["multipliers"][a]["low"], lad["multipliers"][a]["high"])
+             if a in lad["multipliers"] else "", f"{lad['alternative'].get('alpha', {}).get(a, math.nan):.3f}"]
+            for a, A in f["A"].items()]
+    lines += [markdown_table(head, body), ""]
+    alt, lof = lad["alternative"], lad["lack_of_fit"]
+    if alt:
+        lines.append(f"An exponent per arm instead of one: F test p = {alt['p']:.3g} ({alt['df'][0]:g} and "
+                     f"{alt['df'][1]:g} df): " + ("**preferred**: the gaps change with scale" if alt["preferred"]
+                                                  else "not preferred: one exponent describes the arms")
+                     + ("; curves cross the baseline's at " + ", ".join(f"{a} {c:.3g} FLOPs" for a, c in
+                                                                      alt["crossings"].items()) if alt.get("crossings")
+                        else "") + ".")
+    if lof:
+        lines.append(f"Lack of fit (the shared model against the rung means' noise, by simulation): p = {lof['p']:.3g}"
+                     + (": the model misses the means by more than their noise." if lof["p"] < 1 - d.level else "."))
+    h = lad["held_out"]
+    if h.get("arms"):
+        lines += ["", f"Held out: the top rung `{h['rung']}` predicted from the rungs below it (prediction intervals "
+                      "include the top rung's own noise):", ""]
+        rows = [[a, f"{v['predicted']:.4f}", f"[{v['low']:.4f}, {v['high']:.4f}]", f"{v['measured']:.4f}",
+                 "yes" if v["inside"] else "**no**"] for a, v in h["arms"].items()]
+        rows += [[f"{a} − baseline", f"{v['predicted']:+.4f}", f"[{v['low']:+.4f}, {v['high']:+.4f}]",
+                  f"{v['measured']:+.4f}", "yes" if v["inside"] else "**no**"] for a, v in h["gaps"].items()]
+        lines += [markdown_table(["", "predicted", "interval", "measured", "inside"], rows)]
+    elif h.get("why"):
+        lines.append(f"Held-out top rung: {h['why']}.")
+    big = [v for v in rec["verdicts"] if v["rung"] == lad["largest_rung"]]
+    lines += ["", "Gap at the largest rung (`" + lad["largest_rung"] + "`): " + "; ".join(
+        f"{v['arm']} {v['estimate']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}], {v['verdict']}" if "estimate" in v
+        and math.isfinite(v.get("low", math.nan)) else f"{v['arm']} {v['verdict']}" for v in big) + "."]
+    if lad["target_flops"]:
+        lines += ["", f"Gap at the target compute {lad['target_flops']:.3g} FLOPs (the joint fit"
+                  + (", an extrapolation" if lad["extrapolated"] else "") + "): " + "; ".join(
+                      f"{a} {g['gap']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}], {g['word']}"
+                      for a, g in lad["gaps_at_target"].items()) + "."]
+    agree = lad["agreement"]
+    lines += ["", "Ranking, best first: " + "; ".join(f"`{r}`: {' > '.join(order)}" for r, order in
+                                                      lad["ranking"].items()) + ".",
+              "Agreement with the top rung's ranking (share of arm pairs ordered alike): " + "; ".join(
+                  f"`{r}` {v:.2f}" for r, v in agree["agreement"].items() if math.isfinite(v))
+              + f"; the ranking is the top rung's from `{agree['stable_from']}` on."]
+    lines += ["", ("Changes of ranking: " + "; ".join(
+        f"{x['pair'][0]} / {x['pair'][1]} between `{x['from']}` and `{x['to']}`"
+        + (" (decided)" if x["decided"] else " (not decided)") for x in lad["flips"]) + ".") if lad["flips"]
+              else "No change of ranking across the rungs."]
+    if "ladder.png" in plots:
+        lines += ["", "![loss against compute](ladder.png)"]
+    return lines
 
 
 def rankings(means: dict, better: str = "min") -> dict:

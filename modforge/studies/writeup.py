@@ -82,7 +82,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                                                                   for res in compared["results"])])}
     out["halving"] = tuned.get("halving")
     out["runs"]["against_fixed"] = against_fixed(d, verdicts, arms_rows)
-    out["ladder"] = ladder_record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
+    out["ladder"] = ladder.record(d, values, flops, verdicts, draws) if len(d.rungs) > 1 else None
     out["warnings"] = warnings(d, out)
     return out
 
@@ -207,42 +207,6 @@ def fits_record(d: Design, tuned: dict) -> list:
             for (a, r), ch in (tuned.get("fits") or {}).items()]
 
 
-def ladder_record(d: Design, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
-    rung_order = list(d.rungs)
-    by_arm = ladder.shared_seeds({a: {r: values[(a, r)] for r in rung_order} for a in d.arms})
-    compute = {a: {r: flops[(a, r)] for r in rung_order} for a in d.arms}
-    target = d.study.get("target_flops")
-    if d.better == "min":
-        fitted = ladder.fit_arms(by_arm, compute, d.level, draws, target, d.baseline)
-    else:  # L = E + A C^-alpha describes a metric that falls with compute
-        fitted = {"fits": {a: None for a in d.arms}, "gaps": {}}
-    means = {r: {a: ladder.rung_means({r: by_arm[a][r]})[r] for a in d.arms} for r in rung_order}
-    spans = {a: {r: _interval(list(by_arm[a][r].values()), d.level) for r in rung_order} for a in d.arms}
-    words = {(v["arm"], v["rung"]): v["verdict"] for v in verdicts}
-    largest = max(max(compute[a].values()) for a in d.arms)
-    return {"fit_note": "" if d.better == "min" else f"no fit: {d.metric} rises with compute (better: max), and the "
-                                                     "power law describes a metric that falls with it",
-            "shared_seeds": {r: len(next(iter(by_arm.values()))[r]) for r in rung_order},
-            "fits": {a: (None if f is None else {"E": f.E, "A": f.A, "alpha": f.alpha, "c_ref": f.c_ref,
-                                                 "intervals": f.intervals, "draws": f.draws})
-                     for a, f in fitted["fits"].items()},
-            "target_flops": target, "extrapolated": bool(target and target > largest),
-            "gaps_at_target": {a: {"gap": g[0], "low": g[1], "high": g[2], "draws": g[3]}
-                               for a, g in fitted["gaps"].items()},
-            "means": means, "intervals": spans, "compute": {a: compute[a] for a in d.arms},
-            "ranking": ladder.rankings(means, d.better),
-            "flips": ladder.flips(means, rung_order, words, d.baseline, d.better),
-            "largest_rung": rung_order[-1]}
-
-
-def _interval(xs: list, level: float) -> tuple:
-    xs = [x for x in xs if math.isfinite(x)]
-    if len(xs) < 2:
-        return (math.nan, math.nan)
-    iv = stats.mean_interval(xs, level)
-    return (iv.low, iv.high)
-
-
 def warnings(d: Design, out: dict) -> list:
     w = []
     for row in out["tuning"]:
@@ -265,6 +229,14 @@ def warnings(d: Design, out: dict) -> list:
         if out["ladder"]["extrapolated"]:
             w.append(f"the gap at target_flops={out['ladder']['target_flops']:.3g} is an extrapolation of the fits past "
                      "the largest rung")
+        if (out["ladder"]["alternative"] or {}).get("preferred"):
+            w.append("ladder: an exponent per arm fits better than one shared exponent; the compute multipliers assume "
+                     "one and hold only near the rungs")
+        h = out["ladder"]["held_out"] or {}
+        missed = [a for a, v in (h.get("arms") or {}).items() if not v["inside"]]
+        if missed:
+            w.append(f"ladder: the top rung's measured mean lies outside its prediction from the rungs below for "
+                     f"{', '.join(missed)}")
     return w
 
 
@@ -379,38 +351,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
              + ("; its tuning failed near its rate" if a.get("prone") else "")]
             for a in rec["arms"]]
     lines += [markdown_table(head, body)]
-    lad = rec["ladder"]
-    if lad:
-        lines += ["", "## Ladder", "", f"L(C) = E + A·(C / C₀)^(−α) fitted per arm on the mean at each rung over the "
-                  f"seeds every arm finished there ({', '.join(f'{n}' for n in lad['shared_seeds'].values())} by rung); "
-                  f"intervals: bootstrap over those seeds ({d.level:g}, percentile)." + (f" {lad['fit_note']}."
-                                                                                      if lad["fit_note"] else ""), ""]
-        head = ["arm", "E", "E interval", "α", "α interval", "A", "C₀", "draws"]
-        body = []
-        for a, f in lad["fits"].items():
-            if f is None:
-                body.append([a, "no fit", "", "", "", "", "", ""])
-                continue
-            ei, ai = f["intervals"].get("E", (math.nan, math.nan)), f["intervals"].get("alpha", (math.nan, math.nan))
-            body.append([a, f"{f['E']:.4f}", f"[{ei[0]:.4f}, {ei[1]:.4f}]", f"{f['alpha']:.3f}",
-                         f"[{ai[0]:.3f}, {ai[1]:.3f}]", f"{f['A']:.4f}", f"{f['c_ref']:.3g}", str(f["draws"])])
-        lines += [markdown_table(head, body), ""]
-        big = [v for v in rec["verdicts"] if v["rung"] == lad["largest_rung"]]
-        lines.append("Gap at the largest rung (`" + lad["largest_rung"] + "`): " + "; ".join(
-            f"{v['arm']} {v['estimate']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}], {v['verdict']}" if "estimate" in v
-            and math.isfinite(v.get("low", math.nan)) else f"{v['arm']} {v['verdict']}" for v in big) + ".")
-        if lad["target_flops"]:
-            lines.append("")
-            lines.append(f"Gap at the target compute {lad['target_flops']:.3g} FLOPs (from the fits"
-                         + (", an extrapolation" if lad["extrapolated"] else "") + "): " + "; ".join(
-                f"{a} {g['gap']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]" for a, g in lad["gaps_at_target"].items()) + ".")
-        lines += ["", "Ranking, best first: " + "; ".join(f"`{r}`: {' > '.join(order)}" for r, order in lad["ranking"].items()) + "."]
-        lines += ["", ("Changes of ranking: " + "; ".join(
-            f"{f['pair'][0]} / {f['pair'][1]} between `{f['from']}` and `{f['to']}`"
-            + (" (decided)" if f["decided"] else " (not decided)") for f in lad["flips"]) + ".") if lad["flips"]
-                  else "No change of ranking across the rungs."]
-        if "ladder.png" in plots:
-            lines += ["", "![loss against compute](ladder.png)"]
+    lines += ladder.section(d, rec, plots)
     if rec["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in rec["warnings"]]
     return "\n".join(lines) + "\n"
