@@ -89,3 +89,32 @@ def test_agreement_with_the_top_rung_and_where_the_ranking_settles():
     assert got["agreement"] == {0: 0.0, 1: pytest.approx(1 / 3), 2: 1.0, 3: 1.0} and got["stable_from"] == 2
     assert scaling.agreement({0: {"a": 1.0, "b": 2.0}, 1: {"a": 3.0, "b": 2.0}}, [0, 1], "max")["stable_from"] == 1
     assert scaling.agreement({0: {"a": 3.0, "b": 2.0}, 1: {"a": 3.0, "b": 1.0}}, [0, 1], "max")["stable_from"] == 0
+
+
+def coverage(seeds: int, trials: int, miss: float = 0.05, seed: int = 0) -> dict:
+    """The figures docs/studies.md quotes: each multiplier's coverage, the held-out rung's, flips reported."""
+    rng = np.random.default_rng(seed)
+    out = {"arm1": 0, "arm2": 0, "held": 0, "held_n": 0, "gaps": 0, "gaps_n": 0, "flips": 0, "width": []}
+    for t in range(trials):
+        j = scaling.joint_fit(planted(rng, seeds=seeds, miss=miss), draws=300, seed=t)
+        for arm, truth in (("arm1", 1.3), ("arm2", 0.8)):
+            m, lo, hi = j.multipliers[arm]
+            out[arm] += lo <= truth <= hi
+        out["width"].append(math.log(j.multipliers["arm1"][2] / j.multipliers["arm1"][1]))
+        out["held"] += sum(d["inside"] for d in j.held_out["arms"].values())
+        out["held_n"] += len(j.held_out["arms"])
+        out["gaps"] += sum(d["inside"] for d in j.held_out["gaps"].values())
+        out["gaps_n"] += len(j.held_out["gaps"])
+        out["flips"] += bool(j.alternative["crossings"])
+    return out
+
+
+if __name__ == "__main__":  # python tests/test_scaling.py: the table in docs/studies.md
+    print("| seeds | multiplier 1.3: coverage | multiplier 0.8: coverage | held-out arm | held-out gap | flips "
+          "reported | median interval of m = 1.3 |")
+    print("|---|---|---|---|---|---|---|")
+    for n, trials in ((3, 500), (4, 500), (6, 500)):
+        c = coverage(n, trials, seed=n)
+        w = float(np.median(c["width"]))
+        print(f"| {n} | {c['arm1'] / trials:.3f} | {c['arm2'] / trials:.3f} | {c['held'] / c['held_n']:.3f} | "
+              f"{c['gaps'] / c['gaps_n']:.3f} | {c['flips'] / trials:.3f} | ×/÷ {math.exp(w / 2):.3f} |", flush=True)

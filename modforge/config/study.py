@@ -35,6 +35,9 @@ DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, eve
           "transfer": "null (tune at every rung) or the rule that carries the smallest rung's setting up: "
                       "same, inverse_width, mup",
           "width_key": "the key whose value is a rung's width for transfer=inverse_width (default model.d_model)",
+          "carry": "a mapping: tuned (the lower rungs tuned fully, an integer >= 2, fewer than the rungs; default 3) "
+                   "and check (log2 offsets from the predicted rate run at each upper rung, numbers including 0; "
+                   "default [-1, 0, 1]): each arm's rate carried up by a power law in compute (rule: fit)",
           "budget": "a mapping: hours and/or runs, positive numbers; the study refuses a plan that could exceed "
                     "it unless started with force=true",
           "jobs": "an integer >= 1: jobs run side by side, each with its share of the cores",
@@ -97,12 +100,29 @@ def check_study(block: Any) -> dict:
             out[key] = _seeds(value, bad)
         if key == "tune":
             out[key] = _tune(value, bad)
+        if key == "carry":
+            if not (isinstance(value, dict) and set(value) <= {"tuned", "check"}):
+                raise bad()
+            c = {"tuned": 3, "check": [-1.0, 0.0, 1.0], **value}
+            if not (_integer(c["tuned"]) and c["tuned"] >= 2 and isinstance(c["check"], (list, tuple))
+                    and all(_number(v) for v in c["check"]) and 0 in c["check"] and len(set(c["check"])) >= 3):
+                raise bad()
+            out[key] = {"tuned": int(c["tuned"]), "check": sorted(float(v) for v in c["check"])}
     if "seeds" in out and "tune" in out and max(out["tune"]["seeds"]) >= out["seeds"]["start"]:
         raise ConfigError(f"study.seeds.start={out['seeds']['start']}: the comparison's seeds must be fresh, above "
                           f"every tuning seed (study.tune.seeds={out['tune']['seeds']})")
     if out.get("match") == "flops" and "tokens_per_param" not in out:
         raise ConfigError("study.match=flops: give study.tokens_per_param too (the baseline's tokens set the FLOPs "
                           "every arm of a rung trains on)")
+    if out.get("carry"):
+        rungs = len(out.get("sizes") or [])
+        if rungs <= out["carry"]["tuned"]:
+            raise ConfigError(f"study.carry.tuned={out['carry']['tuned']}: fewer than the ladder's rungs "
+                              f"(study.sizes has {rungs}); the rungs above it are the ones carried to")
+        if out.get("transfer"):
+            raise ConfigError(f"study.carry: and study.transfer={out['transfer']} both carry rates up; give one")
+        if "tune" not in out or out["tune"].get("rule", "fit" if not out["tune"].get("cliff") else "best") != "fit":
+            raise ConfigError("study.carry: needs study.tune with rule: fit (the fitted optima the law is fitted to)")
     if out.get("transfer") and "tune" not in out:
         raise ConfigError(f"study.transfer={out['transfer']}: there is nothing to transfer without study.tune")
     if out.get("borrow_variance") is False:  # the default, said: the same design as not saying it

@@ -83,8 +83,15 @@ class Design:
         return self.study.get("transfer")
 
     @property
+    def carry(self) -> Optional[dict]:
+        """``study.carry``: {tuned, check}: rates carried up a ladder by a power law (:mod:`modforge.studies.carry`)."""
+        return self.study.get("carry")
+
+    @property
     def tuned_rungs(self) -> list:
-        """The rungs tuned on: every one, or the smallest with a transfer rule."""
+        """The rungs tuned on: every one, the smallest with a transfer rule, or the lowest ``carry.tuned``."""
+        if self.carry:
+            return list(self.rungs)[:self.carry["tuned"]]
         return list(self.rungs)[:1] if self.transfer else list(self.rungs)
 
 

@@ -85,6 +85,32 @@ def _interval(xs: list, level: float) -> tuple:
     return (iv.low, iv.high)
 
 
+def carried_section(d, rec: dict) -> list:
+    """The report's table of the rates carried up the ladder (``study.carry``)."""
+    rows = rec.get("carried") or []
+    if not rows:
+        return []
+    body = []
+    for c in rows:
+        if "law" not in c:
+            body.append([c["rung"], c["arm"], "", "", "", "", c["why"]])
+            continue
+        law = c["law"]
+        body.append([c["rung"], c["arm"], f"log2 lr* = {law['a']:.3f} {law['b']:+.4f}·log2 C"
+                     + (f" (scatter sd {law['extra_sd']:.2f})" if law["extra_sd"] else ""),
+                     f"{c['predicted']:.4g} (±{c['sd_doublings']:.2f} doublings)",
+                     ", ".join(f"{x:g}" for x in c["rates"]), "" if c["rate"] is None else f"{c['rate']:g}",
+                     ("accepted: " if c["accepted"] else "**flagged**: ") + c["why"]])
+    saved = sum(c.get("saved_runs", 0) for c in rows)
+    return ["", "### Rates carried up the ladder", "",
+            f"Tuned fully on the lowest {d.carry['tuned']} rungs; at each rung above, each arm's rate predicted by a "
+            "power law in training compute through its fitted optima and checked at the predicted rate and its "
+            f"neighbours ({', '.join(f'{o:+g}' for o in d.carry['check'])} doublings) on the tuning seeds: the "
+            f"predicted rate is compared when it lies within {d.fit['delta']:g} of the best of the check. "
+            f"{saved} tuning runs fewer than the full grid at those rungs.", "",
+            markdown_table(["rung", "arm", "law", "predicted rate", "checked", "compared at", "check"], body)]
+
+
 def section(d, rec: dict, plots: list) -> list:
     """The report's "Ladder" section."""
     lad = rec["ladder"]

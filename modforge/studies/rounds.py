@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from modforge.results import blocks
-from modforge.studies import boundaries, halving, lrfit, sequential, tuning
+from modforge.studies import boundaries, carry, halving, lrfit, sequential, tuning
 from modforge.studies.design import Design
 from modforge.studies.runner import Plan
 from modforge.studies.stages import Cell, StageClock, read_stage, run_stage, stage_cells
@@ -96,9 +96,10 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
             moved[(a, r)] = known[plain]  # the cliff rule stepped down from this best mean
         chosen[(a, r)] = None if best is None else known[best]
         edge[(a, r)] = {} if best is None else tuning.edges(known[best], grids[(a, r)])
+    carried = carry_up(d, study_dir, plan, clock, fits, chosen, edge, curves, known, grids, absorb) if d.carry else {}
     small = d.tuned_rungs[0]
     for r in d.rungs:
-        if r in d.tuned_rungs:
+        if r in d.tuned_rungs or d.carry:
             continue
         rule = tuning.TRANSFER[d.transfer]
         for a in d.arms:
@@ -108,8 +109,63 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
             if (a, small) in fits:
                 fits[(a, r)] = fits[(a, small)]  # its rate carried up, with the tuning's noise
     return {"chosen": chosen, "curves": curves, "edges": edge, "grids": grids, "settings": known, "runs": runs,
-            "moved": moved, "devices": devices, "fits": fits,
+            "moved": moved, "devices": devices, "fits": fits, "carried": carried,
             "halving": None if halved is None else {**halved.record, "saved": halved.saved()}}
+
+
+def carry_up(d: Design, study_dir: Path, plan: Plan, clock: StageClock, fits: dict, chosen: dict, edge: dict,
+             curves: dict, known: dict, grids: dict, absorb) -> dict:
+    """``study.carry``: each arm's rate at the upper rungs from the power law through its tuned rungs' fitted
+    optima, checked there at ``carry.check`` (:mod:`modforge.studies.carry`); fills ``chosen``, ``edge`` and
+    ``fits`` for those rungs. -> {(arm, rung): what was predicted, run and decided}."""
+    key = d.fit["key"]
+    upper = [r for r in d.rungs if r not in d.tuned_rungs]
+    top = d.tuned_rungs[-1]
+    laws, wanted = {}, {}
+    for a in d.arms:
+        pts = []
+        for r in d.tuned_rungs:
+            ch = fits.get((a, r))
+            if ch is None or ch.setting is None or not math.isfinite(ch.valley.x):
+                continue
+            v = ch.valley
+            sd = (v.high - v.low) / (2 * 1.96) if math.isfinite(v.high - v.low) and v.high > v.low else 0.25
+            pts.append((plan.flops[(a, r)], v.x, sd))
+        laws[a] = carry.fit_law(pts)
+        others = {k: x for k, x in ((fits.get((a, top)) and fits[(a, top)].setting) or {}).items() if k != key}
+        for r in upper:
+            if laws[a] is None:
+                continue
+            x, sd = laws[a].predict(plan.flops[(a, r)])
+            wanted[(a, r)] = (x, sd, others, carry.check_rates(x, d.carry["check"]))
+            grids.setdefault((a, r), {k: [] for k in d.grid})
+            curves.setdefault((a, r), {})
+    cells = [cell(d, plan, a, r, {**others, key: rate}, seed) for (a, r), (_, _, others, rates) in wanted.items()
+             for rate in rates for seed in d.tune_seeds]
+    stage = study_dir / "tune" / "carry"
+    cells = stage_cells(stage, lambda: cells)
+    if cells:
+        run_stage(d, stage, cells, d.jobs, clock)
+        absorb(stage, cells)
+    out = {}
+    for a in d.arms:
+        for r in upper:
+            if (a, r) not in wanted:
+                chosen[(a, r)], edge[(a, r)] = None, {}
+                out[(a, r)] = {"why": "no law: fewer than two tuned rungs with a fitted rate"}
+                continue
+            x, sd, others, rates = wanted[(a, r)]
+            results = {float(known[k][key]): vals for k, vals in curves[(a, r)].items()}
+            got = carry.judge(results, carry.check_rates(x, [0.0])[0], d.fit["delta"], d.better)
+            chosen[(a, r)] = None if got["rate"] is None else {**others, key: got["rate"]}
+            edge[(a, r)] = {key: got["edge"]} if got["edge"] else {}
+            if (a, top) in fits:
+                fits[(a, r)] = fits[(a, top)]  # the comparison adds the tuned rungs' noise in the rate
+            law = laws[a]
+            out[(a, r)] = {**got, "predicted": 2 ** x, "sd_doublings": sd, "rates": rates,
+                           "law": {"a": law.a, "b": law.b, "extra_sd": law.extra_sd, "points": law.points},
+                           "saved_runs": (len(tuning.settings(d.grid)) - len(rates)) * len(d.tune_seeds)}
+    return out
 
 
 def halve(d: Design, stage: Path, cells: list, plan: Plan, clock: StageClock) -> Optional[halving.Halving]:

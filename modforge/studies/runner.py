@@ -74,26 +74,30 @@ def make_plan(d: Design, p: dict) -> Plan:
     tuned = [(a, r) for r in d.tuned_rungs for a in d.arms] if d.grid else []
     each = [(a, r) for r in d.rungs for a in d.arms]
     ts = len(d.tune_seeds)
-    plan.runs = {"tune": len(tuned) * n_set * ts, "extend": len(tuned) * d.extend * len(d.grid) * ts,
+    carried = [(a, r) for r in d.rungs if r not in d.tuned_rungs for a in d.arms] if d.carry else []
+    n_check = len(d.carry["check"]) if d.carry else 0
+    plan.runs = {"tune": len(tuned) * n_set * ts + len(carried) * n_check * ts,
+                 "extend": len(tuned) * d.extend * len(d.grid) * ts,
                  "compare_min": len(each) * d.seeds["min"], "compare_max": len(each) * d.seeds["max"]}
     h = halving.schedule(d)
     share = halving.expected_share(h, n_set) if h else 1.0  # halving: the least its tuning round trains
     tune_s = sum(seconds[k] for k in tuned) * n_set * ts
+    check_s = sum(seconds[k] for k in carried) * n_check * ts  # never halved
     ext_s = sum(seconds[k] for k in tuned) * d.extend * len(d.grid) * ts
     lo_s = sum(seconds[k] for k in each) * d.seeds["min"]
     hi_s = sum(seconds[k] for k in each) * d.seeds["max"]
-    tune_f = sum(flops[k] for k in tuned) * n_set * ts
+    tune_f = sum(flops[k] for k in tuned) * n_set * ts + sum(flops[k] for k in carried) * n_check * ts
     ext_f = sum(flops[k] for k in tuned) * d.extend * len(d.grid) * ts
     plan.total_flops = {"least": tune_f + sum(flops[k] for k in each) * d.seeds["min"],
                         "most": tune_f + ext_f + sum(flops[k] for k in each) * d.seeds["max"]}
     least_runs = plan.runs["tune"] + plan.runs["compare_min"]
     most_runs = least_runs + plan.runs["extend"] + plan.runs["compare_max"] - plan.runs["compare_min"]
-    stages_lo = (1 if d.grid else 0) + 1
-    stages_hi = (1 + d.extend if d.grid else 0) + len(d.looks)
+    stages_lo = (1 if d.grid else 0) + 1 + bool(carried)
+    stages_hi = (1 + d.extend if d.grid else 0) + len(d.looks) + bool(carried)
     plan.share = share
-    plan.hours = {"least": wall(tune_s * share + lo_s, least_runs, stages_lo + len(h["at"] if h else []), d.jobs,
+    plan.hours = {"least": wall(tune_s * share + check_s + lo_s, least_runs, stages_lo + len(h["at"] if h else []), d.jobs,
                                 plan.startup) / 3600,
-                  "most": wall(tune_s + ext_s + hi_s, most_runs, stages_hi, d.jobs, plan.startup) / 3600}
+                  "most": wall(tune_s + check_s + ext_s + hi_s, most_runs, stages_hi, d.jobs, plan.startup) / 3600}
     return plan
 
 
@@ -144,7 +148,10 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
                      f"{r['tune']} runs (+ at most {r['extend']} if edge optima are extended)"
                      + (f"; by successive halving at {halving.schedule(d)['at']} of each run's steps, as few as "
                         f"{plan.share:.0%} of their steps" if halving.schedule(d) else "")
-                     + (f"; settings carried up by transfer={d.transfer}" if d.transfer else ""))
+                     + (f"; settings carried up by transfer={d.transfer}" if d.transfer else "")
+                     + (f" (the lowest {d.carry['tuned']} rungs; each arm's rate carried up to the "
+                        f"{len(d.rungs) - d.carry['tuned']} above by a power law in compute and checked there at "
+                        f"{len(d.carry['check'])} rates, included)" if d.carry else ""))
     lines.append(f"  stage 2, comparison: fresh seeds from {d.seeds['start']}, looks at {d.looks} pairs: "
                  f"{r['compare_min']} to {r['compare_max']} runs; {d.family} comparisons in the family")
     lines.append(f"  in all: {r['tune'] + r['compare_min']} to {r['tune'] + r['extend'] + r['compare_max']} runs, "

@@ -71,7 +71,8 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
            "family": d.family, "looks": planned, "alpha_per_look": spent, "critical": compared.get("critical"),
            "family_on_seeds": compared.get("family_on_seeds"),
            "borrowed_df": {r: b[1] for r, b in (compared.get("borrowed") or {}).items()}, "arms": arms_rows, "verdicts": verdicts,
-           "tuning": tuning_record(d, tuned), "fits": fits_record(d, tuned), "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
+           "tuning": tuning_record(d, tuned), "fits": fits_record(d, tuned),
+           "carried": [{"arm": a, "rung": r, **v} for (a, r), v in (tuned.get("carried") or {}).items()], "runs": {"probe": len(p), "tune": tuned["runs"], "compare": compared["runs"],
                                                         "compare_fixed_design": fixed_runs,
                                                         "rounds": [[f"{a} @ {r or 'the config'}" for a, r in rnd]
                                                                    for rnd in compared["rounds"]]},
@@ -313,6 +314,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                      + " (the cliff rule, declared with the grid)." if d.cliff else "")]
         lines += fit_section(d, rec)
         lines += halving_section(d, rec)
+        lines += ladder.carried_section(d, rec)
         if "tuning.png" in plots:
             lines += ["", "![tuning curves](tuning.png)"]
     lines += ["", "## Verdicts", ""]
