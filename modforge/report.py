@@ -50,6 +50,10 @@ OPTIONS = Options("python -m modforge.report", (
     Option("sort", "row order: best first, or by the overrides", "best", "choice", ("best", "name")),
     Option("baseline", "the configuration every other is compared with: best, first (first by name), or its "
            "overrides, e.g. baseline=norm=layer,residual=pre", "best", metavar="best|first|overrides"),
+    Option("model", "against one baseline: block (every arm in one randomised-block model of the seeds, Dunnett's "
+           "intervals: more degrees of freedom, one noise level assumed for every arm) or paired (each comparison "
+           "on its own pairs at Bonferroni's level: for arms of very different noise)", "block", "choice",
+           ("block", "paired")),
     Option("level", "confidence level of every interval, and of the family of comparisons as a whole", "0.95",
            metavar="number"),
     Option("format", "what is printed", "md", "choice", ("md", "csv", "json")),

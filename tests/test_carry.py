@@ -119,3 +119,14 @@ def test_a_study_tunes_the_lower_rungs_and_checks_the_carried_rate_above(tmp_pat
     top = got["carried"][(d.baseline, list(d.rungs)[4])]
     assert not top["accepted"] and top["edge"] == "low" and top["rate"] == top["rates"][0]
     assert got["edges"][(d.baseline, list(d.rungs)[4])] == {"optim.lr": "low"}
+
+
+def test_the_excess_scatter_matches_its_degrees_of_freedom():
+    """Optima far more scattered than their sds (Paule-Mandel): the excess variance is where the weighted
+    residuals equal their df (the bisection's bracket used to stop short of it)."""
+    law = carry.fit_law([(1e12, -10.0, 0.25), (3e12, -8.0, 0.25), (1e13, -10.0, 0.25)])
+    z = np.log2([1e12, 3e12, 1e13])
+    resid = np.array([-10.0, -8.0, -10.0]) - (law.a + law.b * z)
+    assert float((resid ** 2 / (0.25 ** 2 + law.extra_sd ** 2)).sum()) == pytest.approx(1.0, rel=1e-6)
+    x, sd = law.predict(1e14)
+    assert sd > law.extra_sd  # a new optimum scatters about the law as the tuned ones did

@@ -137,7 +137,8 @@ def test_intervals_and_the_block_models_simultaneous_differences_agree_with_refe
 
 def test_a_complete_block_design_is_dunnetts_and_a_two_arm_one_the_paired_t(tmp_path, capsys):
     """Complete data: the two contrasts have correlation 1/2, so the interval's critical value and the adjusted
-    p are the multivariate t's (scipy); with two arms the model is the paired t exactly."""
+    p are the multivariate t's (scipy); model=paired reads each on its own pairs at Bonferroni's level; with two
+    arms the model is the paired t exactly."""
     import numpy as np
 
     rng = np.random.default_rng(3)
@@ -154,6 +155,11 @@ def test_a_complete_block_design_is_dunnetts_and_a_two_arm_one_the_paired_t(tmp_
         assert mvt.cdf([c, c], lower_limit=[-c, -c]) == pytest.approx(0.95, abs=1e-3)
         t = abs(r["diff"]) / r["diff_se"]
         assert r["p_adjusted"] == pytest.approx(1 - mvt.cdf([t, t], lower_limit=[-t, -t]), abs=1e-3)
+    rows = {r["cfg"]: r for r in records(capsys, tmp_path / "three", "baseline=cfg=a", "model=paired")}
+    ref = ss.ttest_rel(list(data["b"].values()), list(data["a"].values()))
+    ci = ref.confidence_interval(1 - 0.05 / 2)
+    assert (rows["b"]["test"], rows["b"]["family"], rows["b"]["diff_ci_level"]) == ("paired", 2, 0.975)
+    assert (rows["b"]["diff_ci_low"], rows["b"]["diff_ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
     two = {k: data[k] for k in "ab"}
     sweep_of(tmp_path / "two", two)
     r = {r["cfg"]: r for r in records(capsys, tmp_path / "two", "baseline=cfg=a")}["b"]

@@ -200,3 +200,16 @@ def test_the_robust_check_is_wilcoxons_interval_inverted_and_shrugs_off_a_spike(
     spiked[0] += 0.3
     moved = stats.hodges_lehmann(spiked)[0] - stats.hodges_lehmann(clean)[0]
     assert abs(moved) < 0.01 < 0.3 / 9 == pytest.approx(np.mean(spiked) - np.mean(clean))
+
+
+def test_a_baseline_the_data_chose_is_never_read_with_dunnetts_law():
+    """baseline=best with a declared family: the comparisons are against the winner the data picked, so each is
+    a paired t at Bonferroni's level; Dunnett's value is for a baseline fixed before the data."""
+    rng = np.random.default_rng(2)
+    jobs = [Job(Path(a), f"{a}{s}", {"arm": a, "seed": str(s)}, "finished",
+                metrics={"val": {"val/loss": float(2 + 0.1 * i + rng.normal(0, 0.01))}})
+            for i, a in enumerate("abc") for s in range(4)]
+    info = {"low": -1e9, "high": 1e9, "better": "min"}
+    best = summarise(jobs, "val/loss", ("seed",), ["arm"], baseline="best", compare=["arm=b", "arm=c"], info=info)
+    fixed = summarise(jobs, "val/loss", ("seed",), ["arm"], baseline="arm=a", compare=["arm=b", "arm=c"], info=info)
+    assert best.test == "paired" and fixed.test == "block"

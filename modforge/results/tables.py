@@ -128,7 +128,7 @@ def shared_overrides(jobs: list[Job], over: tuple, swept: set = frozenset()) -> 
 
 def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: str = "best", best: str = "min",
               baseline: str = "best", level: float = 0.95, task: str = "?", margin: Optional[float] = None,
-              compare: Optional[list] = None, info: Optional[dict] = None) -> Table:
+              compare: Optional[list] = None, info: Optional[dict] = None, model: str = "block") -> Table:
     """One table: rows, the baseline, and the family of comparisons (``compare``: the rows a study declared, by
     their overrides; None: every other row)."""
     info = info or metric_info(jobs, metric)
@@ -179,8 +179,8 @@ def summarise(jobs: list[Job], metric: str, over: tuple, varying: list, sort: st
         t.family_of = "comparisons with the baseline" + (" the study declared" if compare is not None else "")
     t.family = max(1, len(pairs))
     t.test = "paired" if over and any(set(a.values) & set(b.values) for a, b in pairs) else "welch"
-    if t.test == "paired" and pairs and all(b is base for _, b in pairs):
-        t.test = "block"  # against one baseline: every arm in one randomised-block model, as a study reads it
+    if t.test == "paired" and model == "block" and baseline != "best" and pairs and all(b is base for _, b in pairs):
+        t.test = "block"  # against one fixed baseline: every arm in one randomised-block model, as a study reads it
     for r in members:
         r.in_family = True
     have = [r for r in members if r.n] if base.n else []
@@ -249,7 +249,7 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
         info = metric_info(mine, a["metric"])
         at = at_point(mine, a["metric"], a["at"]) if a.get("at") else ""
         t = summarise(mine, a["metric"], over, varying, a["sort"], a["best"] or info["better"], a["baseline"],
-                      a["level"], task, a.get("margin"), compare, info)
+                      a["level"], task, a.get("margin"), compare, info, a.get("model", "block"))
         t.study, t.notes, t.at = study, fairness_notes(t), at
         t.overridden = list(a.get("study_overridden", ()))
         if at and "beyond" in at:

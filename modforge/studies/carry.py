@@ -32,9 +32,10 @@ class Law:
     extra_sd: float = 0.0
 
     def predict(self, c: float) -> tuple:
-        """(log2 lr*, its sd) at compute ``c``."""
+        """(log2 lr*, its sd) at compute ``c``: the sd of where that rung's optimum lies, the law's own uncertainty
+        and the optima's excess scatter about it."""
         z = math.log2(c)
-        var = self.cov[0][0] + 2 * z * self.cov[0][1] + z * z * self.cov[1][1]
+        var = self.cov[0][0] + 2 * z * self.cov[0][1] + z * z * self.cov[1][1] + self.extra_sd ** 2
         return self.a + self.b * z, math.sqrt(max(var, 0.0))
 
 
@@ -63,6 +64,8 @@ def fit_law(points: list) -> Optional[Law]:
     dof = len(pts) - 2
     if dof > 0 and chi2 > dof:  # more scatter than the optima's own sds: a common excess variance
         lo, hi = 0.0, float(np.var(x)) + 1.0
+        while solve(sd ** 2 + hi)[2] > dof:  # a bracket that holds the root
+            hi *= 2
         for _ in range(60):  # the excess at which the weighted residuals match their df (Paule and Mandel 1982)
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if solve(sd ** 2 + mid)[2] > dof else (lo, mid)

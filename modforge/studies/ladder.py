@@ -49,8 +49,8 @@ def record(d, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
     joint = None
     note = ""
     if d.better == "min":
-        lad = scaling.Ladder(arms, rung_order, {k: dict(v) for k, v in values.items()},
-                             {(a, r): flops[(a, r)] for a in d.arms for r in rung_order})
+        lad = scaling.Ladder(arms, rung_order, {(a, r): dict(by_arm[a][r]) for a in d.arms for r in rung_order},
+                             {(a, r): flops[(a, r)] for a in d.arms for r in rung_order})  # paired, as the verdicts
         joint = scaling.joint_fit(lad, d.level, draws=min(draws, 1000), target=target)
         note = joint.why
     else:  # L = E + A C^-alpha describes a metric that falls with compute
@@ -120,7 +120,7 @@ def section(d, rec: dict, plots: list) -> list:
     lines = ["", "## Ladder", ""]
     if f is None:
         return lines + [f"No joint fit: {lad['fit_note']}."]
-    lines += [f"Joint fit of the rung means (every finished run), weighted by each mean's seeds over the pooled "
+    lines += [f"Joint fit of the rung means (over the seeds every arm finished at the rung), weighted by each mean's seeds over the pooled "
               f"residual variance: L(C) = E + A_arm·(C / C₀)^(−α) with E = {f['E']:.4f} and α = {f['alpha']:.3f} "
               f"shared, C₀ = {f['c_ref']:.3g} FLOPs" + (" (at a bound of its search: read with care)" if f["at_edge"]
                                                        else "")

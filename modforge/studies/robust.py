@@ -32,6 +32,8 @@ def agrees(v: dict, margin) -> str:
     if v["verdict"] in ("better", "worse"):
         same = (r["low"] > 0 and v["low"] > 0) or (r["high"] < 0 and v["high"] < 0)
         return "yes" if same else "no: it does not exclude 0 on the verdict's side"
+    if v["verdict"] not in ("equivalent", "inconclusive"):
+        return "—"  # open or undecided: no story to tell
     if v["verdict"] == "equivalent":
         return "yes" if margin and -margin < r["low"] and r["high"] < margin else f"no: it leaves ±{margin:g}"
     return "yes" if r["low"] <= 0 <= r["high"] else "no: it excludes 0"
@@ -54,5 +56,5 @@ def section(rec: dict) -> list:
             "Where either arm had failed or spiked runs, the paired differences are read a second way: the "
             "Hodges-Lehmann estimate (the median of the Walsh averages, which a spike barely moves) with "
             "Wilcoxon's signed-rank interval at the verdict's level (exact for symmetric differences; its coverage "
-            "is the exact one the ranks allow). It decides nothing; where it tells another story than the verdict, "
+            "is the one the ranks allow, exact without ties). It decides nothing; where it tells another story than the verdict, "
             "read the verdict with care.", "", markdown_table(head, body)]

@@ -14,8 +14,11 @@ fitted too and compared by an F test on the weighted residuals (the noise varian
 the fit); the report says which the data prefer, not which is assumed. A lack-of-fit F test says whether the
 shared model passes through the rung means within their noise.
 
-**The fit.** Weighted least squares on the rung means, each weighted by n / s^2 (its seeds, its rung's residual
-variance from the block model of that rung's runs, :func:`modforge.results.blocks.block_fit`). For a fixed
+**The fit.** Weighted least squares on the rung means, each weighted by n / s^2: its seeds over the residual
+variance of the block model of each rung's runs (:func:`modforge.results.blocks.block_fit`), pooled over the
+rungs (one rung's variance from 3-6 seeds is too noisy to weigh by: its inverse is biased up by df / (df - 2)).
+The means are over the seeds every arm finished at that rung (the caller's choice, :mod:`modforge.studies.
+ladder`), so a rung's seed effects are shared by its arms' means, as the bootstrap draws them. For a fixed
 alpha the model is linear in E and the A's, so they are solved in closed form (E kept in [0, min of the means])
 and only alpha is searched: a grid on log alpha refined by a parabola (variable projection; Golub and Pereyra
 2003). Vectorised over bootstrap draws.
@@ -110,11 +113,13 @@ def noise(ladder: Ladder) -> Noise:
     for r in ladder.rungs:
         vals = {a: {s: v for s, v in (ladder.values.get((a, r)) or {}).items()} for a in ladder.arms}
         y, m, seeds = blocks.arrays(vals, ladder.arms)
-        _, _, s2_, df_, _ = blocks.block_fit(y, m)
+        est, _, s2_, df_, _ = blocks.block_fit(y, m)
         s2[r], df[r] = float(s2_[0]), float(df_[0])
-        # the seed effect: the variance of the seed means beyond what the residual puts there
-        means = [np.nanmean(np.where(m[0][:, j], y[0][:, j], np.nan)) for j in range(len(seeds))
-                 if m[0][:, j].any()]
+        # the seed effect: the variance of the seed means, each arm's effect (the block model's) taken out first so
+        # that a seed missing an arm is not moved by that arm's level, beyond what the residual puts there
+        effect = np.concatenate([[0.0], np.nan_to_num(est[0])])[:, None]
+        adjusted = np.where(m[0], y[0] - effect, np.nan)
+        means = [np.nanmean(adjusted[:, j]) for j in range(len(seeds)) if m[0][:, j].any()]
         per = np.mean(m[0].sum(axis=0)[m[0].any(axis=0)]) if m[0].any() else 1.0
         v = float(np.var(means, ddof=1)) if len(means) > 1 else 0.0
         tau2[r] = max(0.0, v - (s2[r] if math.isfinite(s2[r]) else 0.0) / per)
@@ -204,25 +209,51 @@ def _one(y, x, arm_of, w, k, alpha) -> tuple:
 
 def fit_separate(y, x, arm_of, w, k: int) -> tuple:
     """The alternative: an exponent per arm (shared E). -> (E, {arm index: (A, alpha)}, sse). E is searched on a
-    grid over [0, min y]; for each E each arm's (A, alpha) is a one-exponent fit (closed-form A, grid alpha)."""
+    grid over [0, min y] refined by a parabola; for each E each arm's (A, alpha) is a one-exponent fit (A in
+    closed form, alpha on a grid refined by a parabola), so that the larger model never fits worse than the
+    shared one for want of resolution."""
     import numpy as np
 
     alphas = np.exp(np.linspace(*np.log(ALPHA_RANGE), GRID))
-    best = (math.inf, None, None)
-    for e in np.linspace(0.0, float(np.min(y)) * (1 - 1e-9), 121):
-        total, per = 0.0, {}
-        for i in range(k):
-            sel = arm_of == i
-            g = np.exp(-np.multiply.outer(alphas, x[sel]))  # (G, p)
-            ww, yy = w[sel], y[sel] - e
+    la = np.log(alphas)
+
+    def arm_fit(e: float, i: int) -> tuple:
+        sel = arm_of == i
+        ww, yy = w[sel], y[sel] - e
+
+        def sse_at(al):
+            g = np.exp(-np.multiply.outer(np.atleast_1d(al), x[sel]))
             a = (ww * yy * g).sum(axis=1) / (ww * g * g).sum(axis=1)
-            sse = (ww * (yy - a[:, None] * g) ** 2).sum(axis=1)
-            j = int(np.argmin(sse))
-            total += float(sse[j])
-            per[i] = (float(a[j]), float(alphas[j]))
-        if total < best[0]:
-            best = (total, float(e), per)
-    return best[1], best[2], best[0]
+            return a, (ww * (yy - a[:, None] * g) ** 2).sum(axis=1)
+
+        a, sse = sse_at(alphas)
+        j = int(np.argmin(sse))
+        best = (float(sse[j]), float(a[j]), float(alphas[j]))
+        if 0 < j < GRID - 1:
+            c = sse[j - 1] - 2 * sse[j] + sse[j + 1]
+            if c > 0:
+                al = math.exp(la[j] + 0.5 * (sse[j - 1] - sse[j + 1]) / c * (la[1] - la[0]))
+                a2, s2 = sse_at(al)
+                if s2[0] < best[0]:
+                    best = (float(s2[0]), float(a2[0]), al)
+        return best
+
+    def total(e: float) -> tuple:
+        per = {i: arm_fit(e, i) for i in range(k)}
+        return sum(v[0] for v in per.values()), {i: (v[1], v[2]) for i, v in per.items()}
+
+    es = np.linspace(0.0, float(np.min(y)) * (1 - 1e-9), 121)
+    sses = [total(float(e))[0] for e in es]
+    j = int(np.argmin(sses))
+    e_best = float(es[j])
+    if 0 < j < len(es) - 1:
+        c = sses[j - 1] - 2 * sses[j] + sses[j + 1]
+        if c > 0:
+            e_try = float(es[j] + 0.5 * (sses[j - 1] - sses[j + 1]) / c * (es[1] - es[0]))
+            if total(e_try)[0] < sses[j]:
+                e_best = e_try
+    sse, per = total(e_best)
+    return e_best, per, sse
 
 
 @dataclass
@@ -232,7 +263,7 @@ class Joint:
     fit: Optional[Fit]
     multipliers: dict = field(default_factory=dict)  # {arm: (m, low, high)}
     alternative: dict = field(default_factory=dict)  # the per-arm exponents: {"alpha": {arm: a}, "p": F test}
-    lack_of_fit: dict = field(default_factory=dict)  # {"F", "df", "p"}
+    lack_of_fit: dict = field(default_factory=dict)  # {"sse", "dof", "p"}
     held_out: dict = field(default_factory=dict)  # the top rung predicted from the others
     target: dict = field(default_factory=dict)  # {arm: (gap, low, high, word)} at target compute
     draws: int = 0
@@ -318,7 +349,7 @@ def joint_fit(ladder: Ladder, level: float = 0.95, draws: int = 400, seed: int =
         null = simulate_means(ladder, n, points, fitted.get, draws, rng, draw_variance=False)
         _, _, _, sse_null = fit_shared(null, x, arm_of, w, k)
         sse_null = sse_null * noise_df / rng.chisquare(noise_df, draws)
-        out.lack_of_fit = {"sse": fit.sse, "dof": dof, "p": float(np.mean(sse_null >= fit.sse))}
+        out.lack_of_fit = {"sse": fit.sse, "dof": dof, "p": float((1 + np.sum(sse_null >= fit.sse)) / (1 + draws))}
     if hold_out:
         out.held_out = held_out(ladder, n, level, draws, seed + 1)
     if target is not None:
@@ -326,9 +357,11 @@ def joint_fit(ladder: Ladder, level: float = 0.95, draws: int = 400, seed: int =
         for i, a in enumerate(ladder.arms[1:], start=1):
             t = (target / c0) ** (-bA_alpha)
             g = (bA[:, i] - bA[:, 0]) * t
-            lo, hi = float(np.nanquantile(g, q)), float(np.nanquantile(g, 1 - q))
+            ok = g[np.isfinite(g)]
+            lo, hi = (float(np.quantile(ok, q)), float(np.quantile(ok, 1 - q))) if len(ok) else (math.nan, math.nan)
             gap = fit(a, target) - fit(base, target)
-            word = "inconclusive at target" if lo <= 0 <= hi else ("better" if hi < 0 else "worse") + " at target"
+            word = ("no interval at target" if not len(ok) else "inconclusive at target" if lo <= 0 <= hi
+                    else ("better" if hi < 0 else "worse") + " at target")
             gaps[a] = (gap, lo, hi, word)
         out.target = gaps
     return out
@@ -367,6 +400,8 @@ def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> d
     if len({r for _, r in points}) < 3 or len(points) < k + 3:
         return {"why": "fewer than 3 rungs below the top: nothing to predict it from"}
     nl = noise(lower)
+    if not nl.pooled > 0:
+        return {"why": "the rungs below the top have no spread within a rung to weigh a fit by"}
     c0, x, arm_of, w = _design(lower, nl, points)
     y = np.array([statistics_mean(lower.finished(*p)) for p in points])
     E, alpha, A, _ = (v[0] for v in fit_shared(y[None], x, arm_of, w, k))
@@ -378,7 +413,7 @@ def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> d
     nt = noise(Ladder(ladder.arms, [top], ladder.values, ladder.compute))
     s2_top, df_top, tau2_top = nt.s2[top], nt.df[top], nt.tau2[top]
     if not (s2_top > 0 and df_top > 0):
-        s2_top, df_top = nl.pooled, sum(nl.df.values())
+        s2_top, df_top = nl.pooled, max(sum(nl.df.values()), 1.0)
     s2_top = s2_top * df_top / rng.chisquare(df_top, draws)  # its own uncertainty, as Student's t has it
     shared = rng.normal(0.0, 1.0, draws) * math.sqrt(tau2_top)  # the top rung's seeds, shared by its arms
     out = {"rung": top, "arms": {}, "gaps": {}}
@@ -408,8 +443,9 @@ def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> d
 
 
 def agreement(means: dict, rungs: list, better: str = "min") -> dict:
-    """Per rung, the share of arm pairs it orders as the top rung does, and the lowest rung from which every rung's
-    ordering is the top's (None when even the top's own is all there is). ``means``: {rung: {arm: mean}}."""
+    """Per rung, the share of the arm pairs the top rung orders that it orders alike (over the pairs it has both
+    arms of; NaN with none), and the lowest rung from which every rung's ordering is the top's (the top itself
+    when the rung below it already disagrees). ``means``: {rung: {arm: mean}}."""
     top = rungs[-1]
     sign = 1 if better == "min" else -1
     arms = sorted(a for a in means[top] if math.isfinite(means[top][a]))
