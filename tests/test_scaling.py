@@ -80,6 +80,10 @@ def test_a_planted_flip_is_found():
         c = j.alternative["crossings"].get("arm1")
         found += c is not None and 3e12 < c < 3e13
     assert found / 40 >= 0.9
+    near = {"A": {"a": 1.0, "b": 1.0000001}, "alpha": {"a": 0.3, "b": 0.3000000001}}  # crossing far out: none
+    assert scaling.crossings(near, "a", 1.0, 100.0) == {}
+    assert scaling.crossings({"A": {"a": 1.0, "b": 10 ** 0.1}, "alpha": {"a": 0.3, "b": 0.4}}, "a", 1.0, 100.0) == {
+        "b": pytest.approx(10.0)}
 
 
 def test_agreement_with_the_top_rung_and_where_the_ranking_settles():

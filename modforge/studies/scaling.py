@@ -377,9 +377,9 @@ def crossings(alt: dict, base, c0: float, c_max: float) -> dict:
         al_a = alt["alpha"][arm]
         if arm == base or al_a == al_b or not (aa > 0 and ab > 0):
             continue
-        x = (aa / ab) ** (1 / (al_a - al_b))
-        if 1.0 < x <= c_max / c0:
-            out[arm] = c0 * x
+        log_x = math.log(aa / ab) / (al_a - al_b)  # in logs: nearly equal exponents put it far out
+        if 0.0 < log_x <= math.log(c_max / c0):
+            out[arm] = c0 * math.exp(log_x)
     return out
 
 
