@@ -273,3 +273,52 @@ def test_transfer_mup_carries_the_setting_with_the_smallest_rung_as_base():
         TRANSFER["mup"]({"optim.lr": 0.003}, {}, big, "model.d_model")
     with pytest.raises(ValueError, match="a rung sets model.n_layers, so the smallest rung must set it too"):
         TRANSFER["mup"]({"optim.lr": 0.003}, {"model.d_model": 32}, big, "model.d_model")
+
+
+def reference_rules(model: torch.nn.Module, base: torch.nn.Module) -> dict:
+    """Table 8 of Yang et al. 2022 (µP with a readout multiplier, Adam), written here from the shapes alone, as
+    the reference package's `set_base_shapes` / `MuAdam` infer them: a parameter whose two dimensions both differ
+    from the base's is matrix-like (hidden): lr / m and weight decay x m, init std / sqrt(m), m its fan-in over
+    the base's; any other (one width dimension: embeddings, the readout, gains, biases) is vector-like: lr, decay
+    and init unchanged. No declaration of modforge's is read. -> {name: (lr scale, wd scale, init std ratio)}."""
+    shapes = {n: p.shape for n, p in base.named_parameters()}
+    out = {}
+    for n, p in model.named_parameters():
+        differs = [a != b for a, b in zip(p.shape, shapes[n])]
+        if p.dim() == 2 and all(differs):
+            m = p.shape[1] / shapes[n][1]  # fan-in: weights are stored (out, in)
+            out[n] = (1 / m, m, 1 / math.sqrt(m))
+        else:
+            out[n] = (1.0, 1.0, 1.0)
+    return out
+
+
+def test_every_parameter_follows_the_reference_rules_of_mup():
+    """d_model 128 over a base of 32 (every width dimension x4, d_ff too), same depth: each parameter's lr and
+    weight-decay scale, its init std against the standard parametrisation's at 128 (measured), and the readout
+    multiplier match the reference computed from the shapes alone. Adam's epsilon is modforge's addition
+    (x 1/m_model, Everett et al. 2024): the reference package leaves it alone."""
+    base, _ = make(32)
+    m, p = make(128, {"name": "mup", "base": {"d_model": 32}, "output_mult": 1.0}, seed=1)
+    sp, _ = make(128, seed=1)
+    ref = reference_rules(m, base)
+    std = dict(sp.named_parameters())
+    checked = 0
+    for name, q in m.named_parameters():
+        lr, eps, wd = p.scales[name]
+        want_lr, want_wd, want_init = ref[name]
+        assert (lr, wd) == (pytest.approx(want_lr), pytest.approx(want_wd)), name
+        assert eps == pytest.approx(1 / 4), name
+        if q.dim() == 2 and q.numel() >= 4096 and std[name].std() > 0:  # init: measured on the tensors
+            assert (q.std() / std[name].std()).item() == pytest.approx(want_init, rel=0.05), name
+            checked += 1
+    assert checked >= 8 and m.readout_mult == pytest.approx(1.0 / 4)  # the readout's multiplier: 1 / width_mult
+    try:  # the reference package itself, where it is installed (its own dependencies pull torchvision: not here)
+        import mup
+    except ImportError:
+        return
+    mup.set_base_shapes(m, base, rescale_params=False, do_assert=False)  # the readout multiplies itself (above)
+    groups = mup.MuAdamW(m.parameters(), lr=1.0, weight_decay=1.0).param_groups
+    by_param = {id(q): (g["lr"], g["weight_decay"]) for g in groups for q in g["params"]}
+    for name, q in m.named_parameters():
+        assert by_param[id(q)] == pytest.approx(ref[name][:2]), name
