@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from modforge.studies import scaling
+from modforge.studies import ladder, scaling
 
 RUNGS, DECADES = 5, 2.0
 
@@ -89,10 +89,10 @@ def test_a_planted_flip_is_found():
 def test_agreement_with_the_top_rung_and_where_the_ranking_settles():
     means = {0: {"a": 1.0, "b": 2.0, "c": 3.0}, 1: {"a": 2.0, "b": 1.0, "c": 3.0},
              2: {"a": 2.0, "b": 1.0, "c": 0.5}, 3: {"a": 2.0, "b": 1.0, "c": 0.5}}
-    got = scaling.agreement(means, [0, 1, 2, 3])
+    got = ladder.agreement(means, [0, 1, 2, 3])
     assert got["agreement"] == {0: 0.0, 1: pytest.approx(1 / 3), 2: 1.0, 3: 1.0} and got["stable_from"] == 2
-    assert scaling.agreement({0: {"a": 1.0, "b": 2.0}, 1: {"a": 3.0, "b": 2.0}}, [0, 1], "max")["stable_from"] == 1
-    assert scaling.agreement({0: {"a": 3.0, "b": 2.0}, 1: {"a": 3.0, "b": 1.0}}, [0, 1], "max")["stable_from"] == 0
+    assert ladder.agreement({0: {"a": 1.0, "b": 2.0}, 1: {"a": 3.0, "b": 2.0}}, [0, 1], "max")["stable_from"] == 1
+    assert ladder.agreement({0: {"a": 3.0, "b": 2.0}, 1: {"a": 3.0, "b": 1.0}}, [0, 1], "max")["stable_from"] == 0
 
 
 def coverage(seeds: int, trials: int, miss: float = 0.05, seed: int = 0) -> dict:

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from modforge.studies import tuning
+
 CHECK = (-1.0, 0.0, 1.0)
 
 
@@ -85,15 +87,8 @@ def judge(results: dict, predicted: float, tol: float, better: str = "min") -> d
     ``predicted``: the predicted rate (one of them). -> {"accepted", "rate" (the one compared), "gap" (the
     predicted rate's mean minus the best), "edge" (None | "low" | "high": the best at the check's end, not
     accepted), "why"}."""
-    sign = 1.0 if better == "min" else -1.0
-
-    def score(vals):
-        if not vals or any(not math.isfinite(v) for v in vals):
-            return math.inf
-        return sign * sum(vals) / len(vals)
-
     rates = sorted(results)
-    scored = {r: score(results[r]) for r in rates}
+    scored = {r: tuning.score(results[r], better) for r in rates}  # a failed run: the worst
     pred = min(rates, key=lambda r: abs(math.log2(r) - math.log2(predicted)))
     best = min(rates, key=lambda r: (scored[r], abs(math.log2(r) - math.log2(pred))))
     gap = scored[pred] - scored[best]

@@ -6,8 +6,10 @@ top rung's, and the changes of ranking between rungs.
 * **The gap** at the largest rung is that rung's comparison (its verdict); at a declared ``target_flops`` it is
   the joint fit's, with its interval, said to be an extrapolation past the largest rung, and *inconclusive at
   target* where the interval holds 0.
-* **Ranking**: the arms ordered by their mean at each rung over the seeds every arm finished there; every pair
-  whose order differs between two rungs is a change of ranking, marked *decided* when the verdicts against the
+* **Ranking**: the arms ordered by their mean at each rung over the seeds every arm finished there; a rung's
+  agreement with the top rung is the share of arm pairs ordered alike (the question DataDecide asks of
+  small-scale experiments), *stable from* the lowest rung from which every rung orders them as the top does;
+  every pair whose order differs between two rungs is a change of ranking, marked *decided* when the verdicts against the
   baseline at those rungs say so in opposite directions (better at one, worse at the other).
 """
 import math
@@ -71,7 +73,7 @@ def record(d, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
             "means": means, "compute": compute,
             "intervals": {a: {r: _interval(list(by_arm[a][r].values()), d.level) for r in rung_order}
                           for a in d.arms},
-            "ranking": rankings(means, d.better), "agreement": scaling.agreement(means, rung_order, d.better),
+            "ranking": rankings(means, d.better), "agreement": agreement(means, rung_order, d.better),
             "flips": flips(means, rung_order, words, d.baseline, d.better), "largest_rung": rung_order[-1]}
 
 
@@ -208,3 +210,29 @@ def flips(means: dict, rung_order: list, verdicts: Optional[dict] = None, baseli
                     out.append({"pair": (a, b), "from": r1, "to": r2, "decided": decided,
                                 "ahead_at_from": a if (s1 < 0) == (better == "min") else b})
     return out
+
+
+def agreement(means: dict, rungs: list, better: str = "min") -> dict:
+    """Per rung, the share of the arm pairs the top rung orders that it orders alike (over the pairs it has both
+    arms of; NaN with none), and the lowest rung from which every rung's ordering is the top's (the top itself
+    when the rung below it already disagrees). ``means``: {rung: {arm: mean}}."""
+    top = rungs[-1]
+    sign = 1 if better == "min" else -1
+    arms = sorted(a for a in means[top] if math.isfinite(means[top][a]))
+    pairs = [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:]]
+
+    def order(r, a, b):
+        d = sign * (means[r].get(a, math.nan) - means[r].get(b, math.nan))
+        return 0 if not math.isfinite(d) or d == 0 else (1 if d > 0 else -1)
+
+    share = {}
+    for r in rungs:
+        judged = [order(r, a, b) == order(top, a, b) for a, b in pairs if order(r, a, b) != 0]
+        share[r] = sum(judged) / len(judged) if judged else math.nan
+    stable = top
+    for r in reversed(rungs):
+        if share[r] == 1.0:
+            stable = r
+        else:
+            break
+    return {"agreement": share, "stable_from": stable}

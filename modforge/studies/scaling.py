@@ -35,11 +35,10 @@ measured on planted ladders in ``tests/test_scaling.py`` and quoted in docs/stud
 gap to the baseline; the prediction interval adds the top rung's own measurement noise to the fit's draws, so
 "the ladder predicted it" means the measured value lies inside it.
 
-**Rankings.** Each rung's arms are ordered by their means; a rung's agreement with the top rung is the share of
-arm pairs ordered alike (the question DataDecide asks of small-scale experiments), and the ranking is *stable
-from* the lowest rung from which every rung orders the arms as the top does.
+(Each rung's ranking and its agreement with the top rung's: :mod:`modforge.studies.ladder`.)
 """
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -80,8 +79,9 @@ class Noise:
     def pooled(self) -> float:
         """The residual variance pooled over the rungs (what the fit weighs by: one rung's, from 3-6 seeds, is
         too noisy to weigh by, its inverse biased up by df / (df - 2))."""
-        df = sum(self.df.values())
-        return sum(self.s2[r] * self.df[r] for r in self.s2) / df if df else math.nan
+        have = [r for r in self.s2 if self.df[r] > 0 and math.isfinite(self.s2[r])]
+        df = sum(self.df[r] for r in have)
+        return sum(self.s2[r] * self.df[r] for r in have) / df if df else math.nan
 
 
 @dataclass
@@ -123,13 +123,13 @@ def noise(ladder: Ladder) -> Noise:
         per = np.mean(m[0].sum(axis=0)[m[0].any(axis=0)]) if m[0].any() else 1.0
         v = float(np.var(means, ddof=1)) if len(means) > 1 else 0.0
         tau2[r] = max(0.0, v - (s2[r] if math.isfinite(s2[r]) else 0.0) / per)
-    pooled = [(s2[r] * df[r], df[r]) for r in ladder.rungs if df[r] > 0 and math.isfinite(s2[r])]
-    if pooled:
-        fill = sum(x for x, _ in pooled) / sum(d for _, d in pooled)
+    out = Noise(s2, df, tau2)
+    fill = out.pooled
+    if math.isfinite(fill):
         for r in ladder.rungs:
             if not (df[r] > 0 and s2[r] > 0):
                 s2[r], df[r] = fill, 0.0
-    return Noise(s2, df, tau2)
+    return out
 
 
 def _design(ladder: Ladder, n: Noise, points: list):
@@ -152,26 +152,21 @@ def fit_shared(y, x, arm_of, w, k: int, grid: int = GRID) -> tuple:
     onehot = np.eye(k)[arm_of]  # (P, k)
     ymin = y.min(axis=1)
 
-    def solve(al):  # al: (G,) or (B,) exponents; returns E, A, sse for every (draw, exponent) pair
-        g = np.exp(-np.multiply.outer(al, x))  # (G, P)
-        s_gg = (w * g * g) @ onehot  # (G, k)
+    def solve(g):  # g: (1 or B, G, P), each exponent's factor at each point -> E, A, sse: (B, G), (B, G, k), (B, G)
+        s_gg = (w * g * g) @ onehot
         s_g = (w * g) @ onehot
-        s_yg = np.einsum("bp,gp,pk->bgk", y * w, g, onehot)  # (B, G, k)
+        s_yg = ((y * w)[:, None, :] * g) @ onehot
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio_y = s_yg / s_gg  # A at E = 0
             ratio_1 = s_g / s_gg  # how A falls per unit of E
-        u = y[:, None, :] - g[None] * ratio_y[..., arm_of]  # (B, G, P)
-        v = 1.0 - g * ratio_1[:, arm_of]  # (G, P)
-        num = (w * u * v[None]).sum(axis=2)
-        den = (w * v * v).sum(axis=1)[None]
+        u = y[:, None, :] - g * ratio_y[..., arm_of]
+        v = 1.0 - g * ratio_1[..., arm_of]
         with np.errstate(divide="ignore", invalid="ignore"):
-            e = np.clip(num / den, 0.0, ymin[:, None])
-        r = u - e[..., None] * v[None]
-        sse = (w * r * r).sum(axis=2)
-        a = ratio_y - e[..., None] * ratio_1[None]
-        return e, a, sse
+            e = np.clip((w * u * v).sum(axis=-1) / (w * v * v).sum(axis=-1), 0.0, ymin[:, None])
+        r = u - e[..., None] * v
+        return e, ratio_y - e[..., None] * ratio_1, (w * r * r).sum(axis=-1)
 
-    e, a, sse = solve(alphas)
+    e, a, sse = solve(np.exp(-np.multiply.outer(alphas, x))[None])  # every draw at every exponent of the grid
     best = np.nanargmin(sse, axis=1)
     j = np.clip(best, 1, grid - 2)
     b = np.arange(len(y))
@@ -183,28 +178,11 @@ def fit_shared(y, x, arm_of, w, k: int, grid: int = GRID) -> tuple:
     step = np.clip(np.nan_to_num(step), -1.0, 1.0)
     fine = np.exp(la[j] + step * (la[1] - la[0]))
     fine = np.where((best == 0) | (best == grid - 1), alphas[best], fine)
-    # the refined exponent's own E, A and sse, one draw at a time (each draw has its own exponent)
-    E, A, S = np.empty(len(y)), np.empty((len(y), k)), np.empty(len(y))
-    for i in range(len(y)):
-        ei, ai, si = _one(y[i], x, arm_of, w, k, fine[i])
-        if si <= sse[i, best[i]]:
-            E[i], A[i], S[i] = ei, ai, si
-        else:
-            E[i], A[i], S[i], fine[i] = e[i, best[i]], a[i, best[i]], sse[i, best[i]], alphas[best[i]]
-    return E, fine, A, S
-
-
-def _one(y, x, arm_of, w, k, alpha) -> tuple:
-    import numpy as np
-
-    g = np.exp(-alpha * x)
-    onehot = np.eye(k)[arm_of]
-    s_gg, s_g, s_yg = (w * g * g) @ onehot, (w * g) @ onehot, (w * y * g) @ onehot
-    ry, r1 = s_yg / s_gg, s_g / s_gg
-    u, v = y - g * ry[arm_of], 1.0 - g * r1[arm_of]
-    e = float(np.clip((w * u * v).sum() / (w * v * v).sum(), 0.0, y.min()))
-    r = u - e * v
-    return e, ry - e * r1, float((w * r * r).sum())
+    # each draw at its own refined exponent, kept where it fits at least as well as the grid's best
+    e2, a2, s2 = (v[:, 0] for v in solve(np.exp(-np.multiply.outer(fine, x))[:, None, :]))
+    keep = s2 <= sse[b, best]
+    return (np.where(keep, e2, e[b, best]), np.where(keep, fine, alphas[best]),
+            np.where(keep[:, None], a2, a[b, best]), np.where(keep, s2, sse[b, best]))
 
 
 def fit_separate(y, x, arm_of, w, k: int) -> tuple:
@@ -311,7 +289,7 @@ def joint_fit(ladder: Ladder, level: float = 0.95, draws: int = 400, seed: int =
     if not n.pooled > 0:
         return Joint(None, why="the runs have no spread within a rung to weigh the fit by (one seed, or identical runs)")
     c0, x, arm_of, w = _design(ladder, n, points)
-    y = np.array([statistics_mean(ladder.finished(*p)) for p in points])
+    y = np.array([statistics.fmean(ladder.finished(*p)) for p in points])
     E, alpha, A, sse = (v[0] for v in fit_shared(y[None], x, arm_of, w, k))
     fit = Fit(float(E), float(alpha), {a: float(A[i]) for i, a in enumerate(ladder.arms)}, c0, float(sse))
     fit.at_edge = bool(alpha <= ALPHA_RANGE[0] * 1.0001 or alpha >= ALPHA_RANGE[1] * 0.9999 or E <= 0.0
@@ -383,10 +361,6 @@ def crossings(alt: dict, base, c0: float, c_max: float) -> dict:
     return out
 
 
-def statistics_mean(xs: list) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
 def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> dict:
     """The top rung predicted from the rungs below it: per arm the predicted mean with a prediction interval (the
     lower fit's draws plus the top rung's own measurement noise) against the measured mean, and the same for each
@@ -403,7 +377,7 @@ def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> d
     if not nl.pooled > 0:
         return {"why": "the rungs below the top have no spread within a rung to weigh a fit by"}
     c0, x, arm_of, w = _design(lower, nl, points)
-    y = np.array([statistics_mean(lower.finished(*p)) for p in points])
+    y = np.array([statistics.fmean(lower.finished(*p)) for p in points])
     E, alpha, A, _ = (v[0] for v in fit_shared(y[None], x, arm_of, w, k))
     fit = Fit(float(E), float(alpha), {a: float(A[i]) for i, a in enumerate(ladder.arms)}, c0, 0.0)
     rng = np.random.default_rng(seed)
@@ -426,7 +400,7 @@ def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> d
         pred[a] = bE + bA[:, i] * (c / c0) ** (-bal) + rng.standard_normal(draws) * np.sqrt(s2_top / m) \
             + shared / math.sqrt(m)
         lo, hi = np.nanquantile(pred[a], [q, 1 - q])
-        meas = statistics_mean(ladder.finished(a, top))
+        meas = statistics.fmean(ladder.finished(a, top))
         out["arms"][a] = {"predicted": fit(a, c), "low": float(lo), "high": float(hi), "measured": meas,
                           "inside": bool(lo <= meas <= hi)}
     base = ladder.arms[0]
@@ -440,29 +414,3 @@ def held_out(ladder: Ladder, n: Noise, level: float, draws: int, seed: int) -> d
             out["gaps"][a] = {"predicted": out["arms"][a]["predicted"] - out["arms"][base]["predicted"],
                               "low": float(lo), "high": float(hi), "measured": meas, "inside": bool(lo <= meas <= hi)}
     return out
-
-
-def agreement(means: dict, rungs: list, better: str = "min") -> dict:
-    """Per rung, the share of the arm pairs the top rung orders that it orders alike (over the pairs it has both
-    arms of; NaN with none), and the lowest rung from which every rung's ordering is the top's (the top itself
-    when the rung below it already disagrees). ``means``: {rung: {arm: mean}}."""
-    top = rungs[-1]
-    sign = 1 if better == "min" else -1
-    arms = sorted(a for a in means[top] if math.isfinite(means[top][a]))
-    pairs = [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:]]
-
-    def order(r, a, b):
-        d = sign * (means[r].get(a, math.nan) - means[r].get(b, math.nan))
-        return 0 if not math.isfinite(d) or d == 0 else (1 if d > 0 else -1)
-
-    share = {}
-    for r in rungs:
-        judged = [order(r, a, b) == order(top, a, b) for a, b in pairs if order(r, a, b) != 0]
-        share[r] = sum(judged) / len(judged) if judged else math.nan
-    stable = top
-    for r in reversed(rungs):
-        if share[r] == 1.0:
-            stable = r
-        else:
-            break
-    return {"agreement": share, "stable_from": stable}
