@@ -563,3 +563,47 @@ def test_an_unbracketed_or_unstable_arm_gets_no_verdict_and_no_seeds(tmp_path, m
     assert out["decisions"][("norm=rms", "")] == why[("norm=rms", "")]
     c = out["decisions"][("norm=batch", "")].comparison
     assert c.se > 0 and out["decisions"][("norm=batch", "")].word == "worse"
+
+
+def test_a_transfer_rule_for_one_arm_tunes_the_others_at_every_rung(tmp_path, monkeypatch):
+    """study.transfer as a mapping {arm: rule}: that arm is tuned at the smallest rung only and its setting
+    carried up by the rule; every other arm is tuned at every rung (µP tuned once against the standard
+    parametrisation tuned at each width). The plan counts those runs; a mapping naming no arm is refused."""
+    from modforge.studies import rounds, stages
+
+    sizes = [{"model.d_model": w} for w in (32, 64, 128)]
+    block = {"question": "q?", "baseline": "param=standard", "compare": ["param=mup"], "sizes": sizes,
+             "tune": {"params": {"optim.lr": [0.001, 0.002, 0.004, 0.008]}, "seeds": [1, 2], "rule": "best"},
+             "transfer": {"param=mup": "mup"}}
+    d = design_of("x", [], block)
+    rungs = list(d.rungs)
+    assert d.tuned_rungs_of("param=mup") == rungs[:1] and d.tuned_rungs_of("param=standard") == rungs
+    assert d.tuned_rungs == rungs and d.transfer is None
+    ran = []
+    best = {32: 0.004, 64: 0.002, 128: 0.001}  # the standard parametrisation's best rate falls with width
+
+    def run_stage(d_, stage_dir, cells, jobs, clock, *a):
+        ran.extend((c.arm, c.rung) for c in cells)
+
+    def read_stage(d_, stage_dir, cells):
+        return [{"cell": c, "status": "finished", "metrics": {}, "name": f"#{i}", "error": None,
+                 "value": 2 + abs(math.log2(c.overrides["optim.lr"] / best[c.overrides["model.d_model"]]))}
+                for i, c in enumerate(cells)]
+
+    monkeypatch.setattr(rounds, "run_stage", run_stage)
+    monkeypatch.setattr(rounds, "read_stage", read_stage)
+    monkeypatch.setattr(rounds, "stage_cells", lambda stage, make: make())
+    plan = type("P", (), {"steps": {(a, r): 10 for a in d.arms for r in rungs},
+                          "val_every": {(a, r): None for a in d.arms for r in rungs}})()
+    out = rounds.tune(d, tmp_path, plan, stages.StageClock(tmp_path, {}))
+    assert sorted(set(ran)) == sorted([("param=mup", rungs[0])] + [("param=standard", r) for r in rungs])
+    assert len(ran) == (1 + 3) * 4 * 2
+    for r, w in zip(rungs, (32, 64, 128)):
+        assert out["chosen"][("param=standard", r)] == {"optim.lr": best[w]}  # its own rate at each width
+        mup = out["chosen"][("param=mup", r)]
+        assert mup["optim.lr"] == 0.004  # the smallest rung's, carried
+        assert r == rungs[0] or (mup["param"] == "mup" and mup["param.base.d_model"] == 32)
+    with pytest.raises(ConfigError, match=r"study.transfer: param=mu is not an arm of the study"):
+        design_of("x", [], {**block, "transfer": {"param=mu": "mup"}})
+    with pytest.raises(ConfigError, match=r"study.transfer.param=mup=sideways: a transfer rule"):
+        design_of("x", [], {**block, "transfer": {"param=mup": "sideways"}})

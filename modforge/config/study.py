@@ -32,8 +32,9 @@ DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, eve
                               "parameter of its baseline",
           "match": "tokens (every arm of a rung trains on the same tokens) or flops (on the same training FLOPs)",
           "target_flops": "a positive number of training FLOPs at which the fitted gap is also given",
-          "transfer": "null (tune at every rung) or the rule that carries the smallest rung's setting up: "
-                      "same, inverse_width, mup",
+          "transfer": "null (tune at every rung), the rule that carries the smallest rung's setting up (same, "
+                      "inverse_width, mup), or a mapping {arm: rule} for the arms so carried (the others are tuned "
+                      "at every rung)",
           "width_key": "the key whose value is a rung's width for transfer=inverse_width (default model.d_model)",
           "carry": "a mapping: tuned (the lower rungs tuned fully, an integer >= 2, fewer than the rungs; default 3) "
                    "and check (log2 offsets from the predicted rate run at each upper rung, numbers including 0; "
@@ -83,7 +84,10 @@ def check_study(block: Any) -> dict:
                 raise bad()
         if key == "match" and value not in ("tokens", "flops"):
             raise bad()
-        if key in ("transfer", "width_key") and not (value is None or (isinstance(value, str) and value.strip())):
+        if key in ("transfer", "width_key") and not (value is None or (isinstance(value, str) and value.strip())
+                                                      or (key == "transfer" and isinstance(value, dict) and value
+                                                          and all(isinstance(v, str) and v.strip()
+                                                                  for v in value.values()))):
             raise bad()
         if key == "jobs" and not (_integer(value) and value >= 1):
             raise bad()

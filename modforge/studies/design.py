@@ -80,19 +80,32 @@ class Design:
 
     @property
     def transfer(self) -> Optional[str]:
-        return self.study.get("transfer")
+        """The one rule every arm's setting is carried up by, or None (none, or one per arm: :meth:`transfer_of`)."""
+        t = self.study.get("transfer")
+        return None if isinstance(t, dict) else t
+
+    def transfer_of(self, arm: str) -> Optional[str]:
+        """The rule that carries ``arm``'s setting up from the smallest rung; None: the arm is tuned at every rung
+        (``study.transfer`` a rule for every arm, or a mapping {arm: rule} for some)."""
+        t = self.study.get("transfer")
+        return t.get(arm) if isinstance(t, dict) else t
 
     @property
     def carry(self) -> Optional[dict]:
         """``study.carry``: {tuned, check}: rates carried up a ladder by a power law (:mod:`modforge.studies.carry`)."""
         return self.study.get("carry")
 
-    @property
-    def tuned_rungs(self) -> list:
-        """The rungs tuned on: every one, the smallest with a transfer rule, or the lowest ``carry.tuned``."""
+    def tuned_rungs_of(self, arm: str) -> list:
+        """The rungs ``arm`` is tuned on: every one, the smallest with a transfer rule, or the lowest ``carry.tuned``."""
         if self.carry:
             return list(self.rungs)[:self.carry["tuned"]]
-        return list(self.rungs)[:1] if self.transfer else list(self.rungs)
+        return list(self.rungs)[:1] if self.transfer_of(arm) else list(self.rungs)
+
+    @property
+    def tuned_rungs(self) -> list:
+        """The rungs some arm is tuned on, in ladder order."""
+        tuned = {r for a in self.arms for r in self.tuned_rungs_of(a)}
+        return [r for r in self.rungs if r in tuned]
 
 
 def parse_spec(spec: str) -> dict:
@@ -146,15 +159,25 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
     if d.tune_seeds and max(d.tune_seeds) >= seeds["start"]:
         raise ConfigError(f"study.seeds.start={seeds['start']}: the comparison's seeds must be fresh, above every "
                           f"tuning seed (study.tune.seeds={d.tune_seeds}); give study.seeds.start")
-    if d.transfer and d.transfer not in tuning.TRANSFER:
-        raise ConfigError(f"study.transfer={d.transfer}: a transfer rule; rules: {', '.join(tuning.TRANSFER)}")
-    if d.transfer:
+    rules = s.get("transfer")
+    if isinstance(rules, dict):
+        for arm in rules:
+            if arm not in arms:
+                raise ConfigError(f"study.transfer: {arm} is not an arm of the study; a mapping of transfer rules "
+                                  f"names arms: {', '.join(arms)}")
+    for arm in arms:
+        rule = d.transfer_of(arm)
+        if not rule:
+            continue
+        where = f"study.transfer={rule}" if not isinstance(rules, dict) else f"study.transfer.{arm}={rule}"
+        if rule not in tuning.TRANSFER:
+            raise ConfigError(f"{where}: a transfer rule; rules: {', '.join(tuning.TRANSFER)}")
         small = list(rungs.values())[0]
         for name, rv in rungs.items():
             try:
-                tuning.TRANSFER[d.transfer]({k: 1.0 for k in d.grid}, small, rv, s.get("width_key", "model.d_model"))
+                tuning.TRANSFER[rule]({k: 1.0 for k in d.grid}, small, rv, s.get("width_key", "model.d_model"))
             except ValueError as e:
-                raise ConfigError(f"study.transfer={d.transfer}: {e} (rung {name or 'the config'} does not)") from None
+                raise ConfigError(f"{where}: {e} (rung {name or 'the config'} does not)") from None
     if "tokens_per_param" in s and len(rungs) == 1 and not s.get("sizes"):
         pass  # one size with a token budget: allowed (a compute-matched comparison at one size)
     return d

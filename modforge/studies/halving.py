@@ -45,7 +45,7 @@ def check(d, steps: dict, val_every: dict) -> None:
     if h is None:
         return
     for (arm, rung), n in steps.items():
-        if rung not in d.tuned_rungs:
+        if rung not in d.tuned_rungs_of(arm):
             continue
         where = f"{arm}{f' at {rung}' if rung else ''}"
         every = val_every.get((arm, rung))

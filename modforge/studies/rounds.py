@@ -26,7 +26,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
     if not d.grid:
         return {"chosen": {(a, r): {} for a in d.arms for r in d.rungs}, "curves": {}, "edges": {}, "grids": {},
                 "settings": {}, "runs": 0, "devices": [], "fits": {}}
-    grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs}
+    grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs_of(a)}
     curves: dict = {k: {} for k in grids}
     known: dict = {}
     devices: list = []  # each finished tuning run's metrics.json "devices": what it ran on
@@ -50,8 +50,8 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
             devices.append(res["metrics"].get("devices"))
             runs += 1
 
-    first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms for s in tuning.settings(d.grid)
-             for seed in d.tune_seeds]
+    first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms if r in d.tuned_rungs_of(a)
+             for s in tuning.settings(d.grid) for seed in d.tune_seeds]
     stage = study_dir / "tune" / "round-0"
     cells = stage_cells(stage, lambda: first)
     halved = halve(d, stage, cells, plan, clock)
@@ -99,10 +99,10 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
     carried = carry_up(d, study_dir, plan, clock, fits, chosen, edge, curves, known, grids, absorb) if d.carry else {}
     small = d.tuned_rungs[0]
     for r in d.rungs:
-        if r in d.tuned_rungs or d.carry:
-            continue
-        rule = tuning.TRANSFER[d.transfer]
         for a in d.arms:
+            if r in d.tuned_rungs_of(a) or d.carry:
+                continue
+            rule = tuning.TRANSFER[d.transfer_of(a)]
             got = chosen[(a, small)]
             chosen[(a, r)] = None if got is None else rule(got, d.rungs[small], d.rungs[r],
                                                            d.study.get("width_key", "model.d_model"))
@@ -282,7 +282,7 @@ def borrowed_variance(d: Design, fits: dict, arms: list, rung: str) -> tuple:
 
     ss, df = 0.0, 0
     for a in arms:
-        if (a, rung) not in fits:
+        if (a, rung) not in fits or rung not in d.tuned_rungs_of(a):  # (a fit carried up has its runs below)
             continue
         table = lrfit.near_runs(fits[(a, rung)].valley)
         if len(table) < 2:

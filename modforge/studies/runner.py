@@ -71,10 +71,10 @@ def make_plan(d: Design, p: dict) -> Plan:
     flops = {k: n * p[k]["tokens_per_step"] * p[k]["flops_per_token"] for k, n in steps.items()}
     plan = Plan(steps, val_every, seconds, flops, startup=max(v["startup_seconds"] for v in p.values()))
     n_set = len(tuning.settings(d.grid)) if d.grid else 0
-    tuned = [(a, r) for r in d.tuned_rungs for a in d.arms] if d.grid else []
+    tuned = [(a, r) for r in d.tuned_rungs for a in d.arms if r in d.tuned_rungs_of(a)] if d.grid else []
     each = [(a, r) for r in d.rungs for a in d.arms]
     ts = len(d.tune_seeds)
-    carried = [(a, r) for r in d.rungs if r not in d.tuned_rungs for a in d.arms] if d.carry else []
+    carried = [(a, r) for r in d.rungs if r not in d.tuned_rungs for a in d.arms] if d.carry else []  # (every arm alike)
     n_check = len(d.carry["check"]) if d.carry else 0
     plan.runs = {"tune": len(tuned) * n_set * ts + len(carried) * n_check * ts,
                  "extend": len(tuned) * d.extend * len(d.grid) * ts,
@@ -143,12 +143,17 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
                      f"{plan.seconds[k]:>5.1f}")
     r = plan.runs
     if d.grid:
-        lines.append(f"\n  stage 1, tuning: {len(d.arms)} arms x {len(d.tuned_rungs)} rung(s) x "
-                     f"{len(tuning.settings(d.grid))} settings of {', '.join(d.grid)} x {len(d.tune_seeds)} seeds = "
+        per_arm = isinstance(d.study.get("transfer"), dict)
+        lines.append(f"\n  stage 1, tuning: "
+                     + (f"{len(tuned)} arm-rungs ({', '.join(f'{a}: {len(d.tuned_rungs_of(a))}' for a in d.arms)})"
+                        if per_arm else f"{len(d.arms)} arms x {len(d.tuned_rungs)} rung(s)")
+                     + f" x {len(tuning.settings(d.grid))} settings of {', '.join(d.grid)} x {len(d.tune_seeds)} seeds = "
                      f"{r['tune']} runs (+ at most {r['extend']} if edge optima are extended)"
                      + (f"; by successive halving at {halving.schedule(d)['at']} of each run's steps, as few as "
                         f"{plan.share:.0%} of their steps" if halving.schedule(d) else "")
                      + (f"; settings carried up by transfer={d.transfer}" if d.transfer else "")
+                     + ("; carried up from the smallest rung: " + ", ".join(f"{a} by {d.transfer_of(a)}" for a in d.arms
+                                                                           if d.transfer_of(a)) if per_arm else "")
                      + (f" (the lowest {d.carry['tuned']} rungs; each arm's rate carried up to the "
                         f"{len(d.rungs) - d.carry['tuned']} above by a power law in compute and checked there at "
                         f"{len(d.carry['check'])} rates, included)" if d.carry else ""))

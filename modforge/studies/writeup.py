@@ -204,7 +204,7 @@ def halving_section(d: Design, rec: dict) -> list:
 
 def fits_record(d: Design, tuned: dict) -> list:
     """rule: fit: each arm-rung's fitted curve, basin, chosen rate and failure model (:func:`lrfit.record`)."""
-    return [{"arm": a, "rung": r, **lrfit.record(ch, d.fit["key"], d.better, carried=r not in d.tuned_rungs)}
+    return [{"arm": a, "rung": r, **lrfit.record(ch, d.fit["key"], d.better, carried=r not in d.tuned_rungs_of(a))}
             for (a, r), ch in (tuned.get("fits") or {}).items()]
 
 
@@ -271,8 +271,10 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                      + (f"; each arm's `{d.fit['key']}` from a curve fitted to its runs (rule: fit; a spike: "
                         f"{d.fit['spike']:g} above another seed; failure level {d.fit['fail_level']:g}; basin within "
                         f"{d.fit['delta']:g} of the fitted minimum)" if d.rule == "fit" else "")
-                     + (f"; tuned at the smallest rung, carried up by `transfer: {d.transfer}`." if d.transfer else "; "
-                        "tuned at every rung."))
+                     + (f"; tuned at the smallest rung, carried up by `transfer: {d.transfer}`." if d.transfer else
+                        "; " + "; ".join(f"`{a}` tuned at the smallest rung, carried up by `transfer: {d.transfer_of(a)}`"
+                                         for a in d.arms if d.transfer_of(a)) + "; the others tuned at every rung."
+                        if isinstance(s.get("transfer"), dict) else "; tuned at every rung."))
     if len(d.rungs) > 1 or "tokens_per_param" in s:
         lines.append(f"- Ladder: {', '.join(f'`{r}`' for r in d.rungs if r) or 'one size'}"
                      + (f"; {s['tokens_per_param']:g} tokens per non-embedding parameter of the baseline, every arm "

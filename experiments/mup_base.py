@@ -1,0 +1,161 @@
+"""Stage 0 of the mup_ladder study (issue 50, item 3): the base's constants, tuned once, at the base.
+
+µP's promise is that a model's hyperparameters are tuned once, on a small base, and hold at every width. So the
+base gets a real tuning, not only its learning rate: coordinate descent over the rate, the readout multiplier
+(``param.output_mult``), the attention multiplier (``param.attn_mult``: scores x attn_mult / d_head) and the init
+scale (``model.init_std``), then the rate again (it moves most with the others). Each coordinate is a 1-D sweep at
+the others' current values on seeds 1-3, and its value is the argmin of the curve fitted to its runs (the study's
+fit rule, ``modforge.studies.lrfit``: a local quadratic in log2 of the value, clear of failures; a best value at
+an end of the sweep is extended one step past it, at most twice). The plan below is declared before its runs.
+
+    python experiments/mup_base.py                  # runs what is missing, writes results/mup_ladder/base.{json,md}
+    python experiments/mup_base.py dry_run=true     # the plan only
+
+It runs in ``studies/mup_ladder/base/`` (resumable: a finished job is never run again) and prints the study's
+command with the chosen constants.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = "mup_ladder"
+BASE = {"model.d_model": 64, "model.n_heads": 2}  # the ladder's lowest rung: its base shape
+ARM = {"param.base.d_model": 64, "param.base.n_heads": 2}
+SEEDS = [1, 2, 3]
+EXTEND = 2  # steps past an edge optimum, per coordinate
+START = {"optim.lr": 0.00390625, "param.output_mult": 1.0, "param.attn_mult": 32 ** 0.5, "model.init_std": 0.02}
+PLAN = [  # (key, values): the sweeps in order, each a factor 2 apart (the attention multiplier's centred on its
+    # default, sqrt(32): the standard parametrisation's 1/sqrt(d_head))
+    ("optim.lr", [2.0 ** -k for k in (10, 9, 8, 7, 6, 5)]),
+    ("param.output_mult", [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]),
+    ("param.attn_mult", [32 ** 0.5 * 2.0 ** k for k in (-2, -1, 0, 1, 2)]),
+    ("model.init_std", [0.005, 0.01, 0.02, 0.04, 0.08]),
+    ("optim.lr", [2.0 ** -k for k in (10, 9, 8, 7, 6, 5)]),
+]
+OUT = ROOT / "experiments" / "results" / EXPERIMENT
+
+
+def design():
+    from omegaconf import OmegaConf
+
+    from modforge.config.composition import compose_job, load
+    from modforge.studies.design import design_of
+
+    load()
+    cfg = compose_job([f"experiment={EXPERIMENT}"])
+    block = OmegaConf.to_container(cfg.study, resolve=True)
+    return design_of(EXPERIMENT, [], block, 2, {"max_steps": cfg.trainer.max_steps})
+
+
+def cells_of(key: str, values: list, current: dict, steps: int) -> list:
+    from modforge.studies.design import rung_name
+    from modforge.studies.stages import Cell
+    from modforge.studies.tuning import key_of
+
+    out = []
+    for v in values:
+        setting = {**current, key: float(f"{v:.6g}")}
+        for seed in SEEDS:
+            out.append(Cell("base", rung_name(BASE), key_of(setting), seed,
+                            {**ARM, **BASE, **setting, "trainer.max_steps": steps, "seed": seed}))
+    return out
+
+
+def past_edge(values: list, side: str) -> float:
+    v = sorted(values)
+    return v[0] * v[0] / v[1] if side == "low" else v[-1] * v[-1] / v[-2]
+
+
+def coordinate(d, i: int, key: str, values: list, current: dict, clock, dry: bool) -> dict:
+    """One coordinate's sweep (extended past an edge optimum: each extension a round of its own), its fit and its
+    choice."""
+    from modforge.studies import lrfit
+    from modforge.studies.stages import read_stage, run_stage, stage_cells
+    from modforge.studies.tuning import key_of
+
+    steps = d.base["max_steps"]
+    if dry:
+        print(f"  {i}: {key} in {[float(f'{v:.4g}') for v in values]} at the values before it: "
+              f"{len(values) * len(SEEDS)} runs (+ {EXTEND * len(SEEDS)} if its best is at an end)")
+        return {"key": key, "chosen": current[key]}
+    record = {"key": key, "values": list(values), "at": dict(current), "extended": []}
+    curve, known, new = {}, {}, list(values)
+    for ext in range(EXTEND + 1):
+        stage = d_dir() / f"{i}-{key}" / f"round-{ext}"
+        cells = stage_cells(stage, lambda: cells_of(key, new, current, steps))
+        run_stage(d, stage, cells, d.jobs, clock)
+        for r in read_stage(d, stage, cells):
+            s = {key: r["cell"].overrides[key]}
+            known[key_of(s)] = s
+            curve.setdefault(key_of(s), []).append(r["value"])
+        ch = lrfit.fit_all({("base", ""): curve}, known, key, draws=200)[("base", "")]
+        v = ch.valley
+        if v.bracketed or ext == EXTEND:
+            break
+        new = [past_edge(record["values"], v.edge)]
+        record["extended"].append(new[0])
+        record["values"] = sorted(record["values"] + new)
+    record.update(chosen=None if ch.setting is None else ch.setting[key], bracketed=v.bracketed,
+                  interval=[2 ** v.low, 2 ** v.high] if math.isfinite(v.low) else None,
+                  basin=[2 ** b for b in v.basin] if all(map(math.isfinite, v.basin)) else None,
+                  fitted_loss=v.at_choice if math.isfinite(v.at_choice) else None, runs=curve)
+    return record
+
+
+def d_dir() -> Path:
+    return ROOT / "studies" / EXPERIMENT / "base"
+
+
+def write(records: list, current: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "base.json").write_text(json.dumps({"plan": PLAN, "seeds": SEEDS, "start": START, "steps": records,
+                                               "chosen": current}, indent=1) + "\n")
+    lines = ["# µP's base, tuned once (stage 0 of mup_ladder)", "",
+             f"Base d_model {BASE['model.d_model']}, {BASE['model.n_heads']} heads of "
+             f"{BASE['model.d_model'] // BASE['model.n_heads']}, 2 layers; 400 steps; seeds {SEEDS}. Written by "
+             "`python experiments/mup_base.py` from its runs (studies/mup_ladder/base).", "",
+             "| step | key | values tried | chosen (fitted argmin) | its interval | basin (within 0.02) | fitted loss |",
+             "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(records):
+        iv = "—" if not r.get("interval") else f"[{r['interval'][0]:.4g}, {r['interval'][1]:.4g}]"
+        bs = "—" if not r.get("basin") else f"[{r['basin'][0]:.4g}, {r['basin'][1]:.4g}]"
+        fl = "—" if r.get("fitted_loss") is None else f"{r['fitted_loss']:.4f}"
+        lines.append(f"| {i} | `{r['key']}` | {', '.join(f'{v:.4g}' for v in r['values'])} | {r['chosen']:.4g}"
+                     f"{'' if r.get('bracketed', True) else ' (edge)'} | {iv} | {bs} | {fl} |")
+    lines += ["", "Chosen: " + ", ".join(f"`{k}={v:.4g}`" for k, v in current.items()), "",
+              "The study's command with them:", "", "```bash", command(current), "```", ""]
+    (OUT / "base.md").write_text("\n".join(lines))
+
+
+def command(current: dict) -> str:
+    lr = current["optim.lr"]
+    grid = ",".join(f"{lr * 2.0 ** k:.6g}" for k in (-4, -3, -2, -1, 0, 1))
+    return (f"python -m modforge.study experiment={EXPERIMENT} param.output_mult={current['param.output_mult']:.4g} "
+            f"param.attn_mult={current['param.attn_mult']:.4g} model.init_std={current['model.init_std']:.4g} "
+            f"'study.tune.params.optim.lr=[{grid}]'")
+
+
+def main(argv: list) -> None:
+    from modforge.studies.stages import StageClock
+
+    dry = "dry_run=true" in argv
+    d = design()
+    d_dir().mkdir(parents=True, exist_ok=True)
+    clock = StageClock(d_dir(), {})
+    current, records = dict(START), []
+    for i, (key, values) in enumerate(PLAN):
+        rec = coordinate(d, i, key, values, current, clock, dry)
+        records.append(rec)
+        if rec["chosen"] is not None:
+            current = {**current, key: rec["chosen"]}
+        print(f"[mup_base] {key}: {rec['chosen']}", flush=True)
+    if dry:
+        return
+    write(records, current)
+    print(command(current))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
