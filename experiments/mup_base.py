@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "mup_ladder"
 BASE = {"model.d_model": 64, "model.n_heads": 2}  # the ladder's lowest rung: its base shape
 ARM = {"param.base.d_model": 64, "param.base.n_heads": 2}
+ARM_NAME = ",".join(f"{k}={v}" for k, v in ARM.items())  # the study's µP arm
 SEEDS = [1, 2, 3]
 EXTEND = 2  # steps past an edge optimum, per coordinate
 START = {"optim.lr": 0.00390625, "param.output_mult": 1.0, "param.attn_mult": 32 ** 0.5, "model.init_std": 0.02}
@@ -46,6 +47,7 @@ def design():
     load()
     cfg = compose_job([f"experiment={EXPERIMENT}"])
     block = OmegaConf.to_container(cfg.study, resolve=True)
+    block["tune"]["params"] = {k: [v] for k, v in START.items()}  # the keys this stage sets (the runner checks)
     return design_of(EXPERIMENT, [], block, 2, {"max_steps": cfg.trainer.max_steps})
 
 
@@ -58,7 +60,7 @@ def cells_of(key: str, values: list, current: dict, steps: int) -> list:
     for v in values:
         setting = {**current, key: float(f"{v:.6g}")}
         for seed in SEEDS:
-            out.append(Cell("base", rung_name(BASE), key_of(setting), seed,
+            out.append(Cell(ARM_NAME, rung_name(BASE), key_of(setting), seed,
                             {**ARM, **BASE, **setting, "trainer.max_steps": steps, "seed": seed}))
     return out
 
@@ -125,14 +127,17 @@ def write(records: list, current: dict) -> None:
         lines.append(f"| {i} | `{r['key']}` | {', '.join(f'{v:.4g}' for v in r['values'])} | {r['chosen']:.4g}"
                      f"{'' if r.get('bracketed', True) else ' (edge)'} | {iv} | {bs} | {fl} |")
     lines += ["", "Chosen: " + ", ".join(f"`{k}={v:.4g}`" for k, v in current.items()), "",
-              "The study's command with them:", "", "```bash", command(current), "```", ""]
+              "The studies' commands with them (mup_ladder: width; mup_depth: depth):", "", "```bash",
+              command(current), command(current, "mup_depth"), "```", ""]
     (OUT / "base.md").write_text("\n".join(lines))
 
 
-def command(current: dict) -> str:
+def command(current: dict, experiment: str = EXPERIMENT) -> str:
+    """The study's command with the base's constants and its rate grid, lr* x 2^-4 ... 2^1 (the standard
+    parametrisation's best rate falls with width: the grid reaches further below the base's rate)."""
     lr = current["optim.lr"]
     grid = ",".join(f"{lr * 2.0 ** k:.6g}" for k in (-4, -3, -2, -1, 0, 1))
-    return (f"python -m modforge.study experiment={EXPERIMENT} param.output_mult={current['param.output_mult']:.4g} "
+    return (f"python -m modforge.study experiment={experiment} param.output_mult={current['param.output_mult']:.4g} "
             f"param.attn_mult={current['param.attn_mult']:.4g} model.init_std={current['model.init_std']:.4g} "
             f"'study.tune.params.optim.lr=[{grid}]'")
 
@@ -155,6 +160,7 @@ def main(argv: list) -> None:
         return
     write(records, current)
     print(command(current))
+    print(command(current, "mup_depth"))
 
 
 if __name__ == "__main__":
