@@ -11,8 +11,8 @@ an end of the sweep is extended one step past it, at most twice). The plan below
     python experiments/mup_base.py                  # runs what is missing, writes results/mup_ladder/base.{json,md}
     python experiments/mup_base.py dry_run=true     # the plan only
 
-It runs in ``studies/mup_ladder/base/`` (resumable: a finished job is never run again) and prints the study's
-command with the chosen constants.
+It runs in ``studies/mup_ladder/base/`` (resumable: a finished job is never run again) and prints the commands
+of mup_ladder and of mup_depth (issue 50, item 5: the same base carried in depth) with the chosen constants.
 """
 import json
 import math

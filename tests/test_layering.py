@@ -35,7 +35,7 @@ ROOMS = [
                    "sweep's jobs, Hydra's command-line words, directory resolvers"),
     (5, "plugins.py", "loads the built-in components, then every installed plugin"),
     (4, "tasks/", "the LightningModules: objectives, metrics, sampling"),
-    (3, "models/", "blocks, stacks and the three architectures; decoding (greedy, sampling, beam, KV cache); parametrisations (standard, µP) and µP's coordinate check"),
+    (3, "models/", "blocks, stacks and the three architectures; decoding (greedy, sampling, beam, KV cache); parametrisations (standard, µP, u-µP) and their coordinate checks"),
     (2, "components/ data/", "one file per kind of component (norms, residual, ffn, activations, positions, "
                              "attention, optim); datamodules, tokenizers, caches, loaders"),
     (1, "registry/ utils/", "kinds, declare, @register, build: the single source of truth; files, readers of "

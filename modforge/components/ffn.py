@@ -11,6 +11,7 @@ round(2/3 * d_ff): the same parameter count as the ungated FFN at d_ff, as in
 the paper's comparison. Set ``ffn.match_params=false`` for the unshrunk
 (x-transformers style, ~1.5x larger) variant.
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,24 @@ class FFN(nn.Module):
     def flops_per_token(self) -> int:
         """Forward FLOPs per position: 2 * in * out for each of its Linear layers (override for other work)."""
         return linear_flops(self)
+
+    def unit_scale(self) -> float:
+        """What makes the hidden activation that its ``residual_out`` matrix reads unit-scaled when every
+        pre-activation is a unit Gaussian: 1 / its standard deviation (u-µP's per-op scale, ``param=umup``). An
+        FFN that does not give it is refused under ``param=umup`` in one line."""
+        raise NotImplementedError
+
+
+def gaussian_moments(fn) -> tuple[float, float]:
+    """(E f(z), E f(z)^2) for z ~ N(0, 1): the trapezoid rule on [-12, 12] in float64 (a kink, as ReLU's, costs
+    it nothing; the tails beyond carry less than 1e-30 of the mass)."""
+    z = torch.linspace(-12.0, 12.0, 48001, dtype=torch.float64)
+    w = torch.exp(-0.5 * z * z) * ((z[1] - z[0]) / math.sqrt(2 * math.pi))
+    w[0] *= 0.5
+    w[-1] *= 0.5
+    with torch.no_grad():
+        y = fn(z).to(torch.float64)
+    return float((w * y).sum()), float((w * y * y).sum())
 
 
 @dataclass
@@ -75,6 +94,11 @@ class MLP(FFN):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.act(self.w1(x)))
 
+    def unit_scale(self) -> float:
+        """1 / sd of act(z), z ~ N(0, 1)."""
+        mean, square = gaussian_moments(self.act)
+        return 1.0 / math.sqrt(square - mean * mean)
+
 
 def _gated(act: str) -> type:
     return dataclass(type(f"{act.title()}GatedConfig", (GatedConfig,), {"__annotations__": {"activation": str}, "activation": act}))
@@ -101,3 +125,7 @@ class GatedFFN(FFN):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)
         return self.w2(self.act(gate) * up)
+
+    def unit_scale(self) -> float:
+        """1 / sd of act(g) * u, g and u independent N(0, 1): 1 / sqrt(E act(g)^2) (the product's mean is 0)."""
+        return 1.0 / math.sqrt(gaussian_moments(self.act)[1])

@@ -25,6 +25,7 @@ class Residual(nn.Module):
     final_norm: bool = False  # does a stack of these blocks end with a norm after its last block?
     branch_mult = 1.0  # the sub-layer's output x this before the addition (param=mup's depth rule sets it)
     scales_branch = False  # True: forward applies branch_mult (param=mup needs it to scale with depth)
+    pre_norm = False  # True: the sub-layer's input is normalised and the stream is not (param=umup needs it)
 
     def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
         super().__init__()
@@ -61,6 +62,7 @@ class PreNorm(Residual):
         final_norm: bool = True  # the stream is never normalised inside the stack: off only to study that
 
     scales_branch = True
+    pre_norm = True
 
     def forward(self, x, sublayer, mask=None):
         y = sublayer(self.norm(x, mask))

@@ -23,9 +23,11 @@ VOCAB = 64
 
 
 def coordinates(param, width: int, parts: Optional[dict] = None, steps: int = 4, lr: float = 1e-2,
-                base: int = 32) -> dict:
-    """{layer: mean |x_t - x_0|} and {"init <layer>": mean |x_0|} for one width (mup's base d_model ``base``)."""
-    cfg = {"name": "decoder_only", "d_model": width, "n_heads": 4, "n_layers": 2, "max_len": 32}
+                base: int = 32, model: Optional[dict] = None) -> dict:
+    """{layer: mean |x_t - x_0|} and {"init <layer>": mean |x_0|} for one width (mup's base d_model ``base``;
+    ``model``: keys of the model's config over the check's; umup unties the embeddings, as it must)."""
+    cfg = {"name": "decoder_only", "d_model": width, "n_heads": 4, "n_layers": 2, "max_len": 32,
+           **({"tie_embeddings": False} if param == "umup" else {}), **(model or {})}
     parts = Parts(**{"pos": "learned", **(parts or {})})
     if param == "mup":
         param = {"name": "mup", "base": {"d_model": base}}

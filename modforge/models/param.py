@@ -119,6 +119,16 @@ def parametrised(model_cfg: Any, parts: Any, vocab_size: int, param: Any = "stan
     return model, param
 
 
+def on_meta(model_cfg: Any, parts: Any, param: Parametrisation) -> None:
+    """The model built and parametrised on the meta device (no memory): what ``param.apply`` refuses is refused
+    before any work. A part that cannot be built on the meta device is checked when the run builds it."""
+    try:
+        with torch.device("meta"):
+            parametrised(model_cfg, parts, 8, param)
+    except (RuntimeError, NotImplementedError):
+        return
+
+
 @register("param", "standard")
 class Standard(Parametrisation):
     """the standard parametrisation: init, learning rates and multipliers as every component states them"""
@@ -152,9 +162,9 @@ class MuPConfig:
                 raise ConfigError(f"param.base.{k}={v}: the base shape's model keys are sizes, integers >= 1")
 
 
-def roles(root: nn.Module) -> dict[str, str]:
+def roles(root: nn.Module, who: str = "param=mup") -> dict[str, str]:
     """{parameter name: role} for every parameter of ``root`` (a shared one once, under its first name); the
-    first undeclared parameter is refused in one line."""
+    first undeclared parameter is refused in one line (``who``: the parametrisation that asks)."""
     modules = dict(root.named_modules())
     out = {}
     for name, _ in root.named_parameters():
@@ -165,14 +175,14 @@ def roles(root: nn.Module) -> dict[str, str]:
             hit = next((role for pattern, role in decl.items() if fnmatch.fnmatchcase(rel, pattern)), None)
             if hit is not None:
                 if hit not in ROLES:
-                    raise ConfigError(f"param=mup: {type(modules['.'.join(parts[:i])]).__name__}.param_roles gives "
+                    raise ConfigError(f"{who}: {type(modules['.'.join(parts[:i])]).__name__}.param_roles gives "
                                       f"'{rel}' the role '{hit}'; roles: {', '.join(ROLES)}")
                 out[name] = hit
                 break
         else:
             owner = modules[".".join(parts[:-1])]
-            raise ConfigError(f"param=mup: parameter '{name}' ({type(owner).__module__}.{type(owner).__name__}) has "
-                              "no declared role; a component used under param=mup declares each parameter in "
+            raise ConfigError(f"{who}: parameter '{name}' ({type(owner).__module__}.{type(owner).__name__}) has "
+                              f"no declared role; a component used under {who} declares each parameter in "
                               "`param_roles` ({'<name>': role}; roles: input, hidden, output, vector; "
                               "docs/mup.md)")
     return out
@@ -249,11 +259,7 @@ class MuP(Parametrisation):
             raise ConfigError("param.zero_readout=true: the readout is tied to the token embedding here "
                               "(model.tie_embeddings=true), so there is no separate readout to start at zero; "
                               "set model.tie_embeddings=false, or leave param.zero_readout out")
-        try:
-            with torch.device("meta"):
-                parametrised(model_cfg, parts, 8, self)
-        except (RuntimeError, NotImplementedError):
-            return
+        on_meta(model_cfg, parts, self)
 
     def apply(self, model: nn.Module, make_model: Callable[[dict], nn.Module]) -> None:
         base = self._base(model, make_model)
@@ -323,23 +329,8 @@ class MuP(Parametrisation):
                     m.branch_mult = mult
 
     def groups(self, root: nn.Module) -> list[dict]:
-        """Parameter groups of equal multipliers, in the order of ``root.named_parameters()``: each
-        {"params", "lr_scale", "eps_scale", "wd_scale"}; the task's own parameters (a classifier's head) by
-        their declared roles."""
-        role = roles(root)
-        out: dict[tuple, list] = {}
-        for name, p in root.named_parameters():
-            if not p.requires_grad:
-                continue
-            key = self.scales.get(name.removeprefix("model."))
-            if key is None:  # the task's own (a classifier's head): outside every block, no base counterpart
-                if role[name] == "hidden":
-                    raise ConfigError(f"param=mup: the task's own parameter '{name}' is declared hidden, but a "
-                                      "task's parameters have no base shape to scale against (roles there: "
-                                      "input, output, vector)")
-                key = (1.0, self.eps, 1.0)
-            out.setdefault(key, []).append(p)
-        return [{"params": ps, "lr_scale": k[0], "eps_scale": k[1], "wd_scale": k[2]} for k, ps in out.items()]
+        """Parameter groups of equal multipliers (:func:`scaled_groups`)."""
+        return scaled_groups(root, self.scales, (1.0, self.eps, 1.0), "param=mup")
 
     def schedule_d_model(self, model: nn.Module) -> int:
         return self.base_d_model or model.cfg.d_model
@@ -347,6 +338,25 @@ class MuP(Parametrisation):
     def describe(self) -> str:
         deep = ", ".join(f"{s or 'stack'} {d} over {db}" for s, (d, db) in self.depth.items())
         return f"mup: width x{self.width:g} over base d_model {self.base_d_model}; depth {deep}"
+
+
+def scaled_groups(root: nn.Module, scales: dict, task_own: tuple, who: str) -> list[dict]:
+    """Parameter groups of equal multipliers, in the order of ``root.named_parameters()``: each
+    {"params", "lr_scale", "eps_scale", "wd_scale"}, from ``scales`` ({name in the model: (lr, eps, wd)}); the
+    task's own parameters (a classifier's head) by their declared roles, at ``task_own``."""
+    role = roles(root, who)
+    out: dict[tuple, list] = {}
+    for name, p in root.named_parameters():
+        if not p.requires_grad:
+            continue
+        key = scales.get(name.removeprefix("model."))
+        if key is None:  # the task's own (a classifier's head): outside every block, no base counterpart
+            if role[name] == "hidden":
+                raise ConfigError(f"{who}: the task's own parameter '{name}' is declared hidden, but a task's "
+                                  "parameters have no width to scale against (roles there: input, output, vector)")
+            key = task_own
+        out.setdefault(key, []).append(p)
+    return [{"params": ps, "lr_scale": k[0], "eps_scale": k[1], "wd_scale": k[2]} for k, ps in out.items()]
 
 
 def multipliers(model: nn.Module) -> list[str]:
