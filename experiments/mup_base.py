@@ -11,7 +11,7 @@ an end of the sweep is extended one step past it, at most twice). The plan below
     python experiments/mup_base.py                  # runs what is missing, writes results/mup_ladder/base.{json,md}
     python experiments/mup_base.py dry_run=true     # the plan only
 
-It runs in ``studies/mup_ladder/base/`` (resumable: a finished job is never run again) and prints the commands
+It runs in ``studies/mup_ladder_base/`` (resumable: a finished job is never run again) and prints the commands
 of mup_ladder and of mup_depth (issue 50, item 5: the same base carried in depth) with the chosen constants.
 """
 import json
@@ -107,7 +107,7 @@ def coordinate(d, i: int, key: str, values: list, current: dict, clock, dry: boo
 
 
 def d_dir() -> Path:
-    return ROOT / "studies" / EXPERIMENT / "base"
+    return ROOT / "studies" / f"{EXPERIMENT}_base"  # (beside the study: its directory holds only what it writes)
 
 
 def write(records: list, current: dict) -> None:
@@ -117,7 +117,7 @@ def write(records: list, current: dict) -> None:
     lines = ["# µP's base, tuned once (stage 0 of mup_ladder)", "",
              f"Base d_model {BASE['model.d_model']}, {BASE['model.n_heads']} heads of "
              f"{BASE['model.d_model'] // BASE['model.n_heads']}, 2 layers; 400 steps; seeds {SEEDS}. Written by "
-             "`python experiments/mup_base.py` from its runs (studies/mup_ladder/base).", "",
+             "`python experiments/mup_base.py` from its runs (studies/mup_ladder_base).", "",
              "| step | key | values tried | chosen (fitted argmin) | its interval | basin (within 0.02) | fitted loss |",
              "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(records):
@@ -139,7 +139,7 @@ def command(current: dict, experiment: str = EXPERIMENT) -> str:
     grid = ",".join(f"{lr * 2.0 ** k:.6g}" for k in (-4, -3, -2, -1, 0, 1))
     return (f"python -m modforge.study experiment={experiment} param.output_mult={current['param.output_mult']:.4g} "
             f"param.attn_mult={current['param.attn_mult']:.4g} model.init_std={current['model.init_std']:.4g} "
-            f"'study.tune.params.optim.lr=[{grid}]'")
+            f"'study.tune.params={{optim.lr: [{grid}]}}'")
 
 
 def main(argv: list) -> None:
