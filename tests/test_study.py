@@ -565,7 +565,7 @@ def test_an_unbracketed_or_unstable_arm_gets_no_verdict_and_no_seeds(tmp_path, m
     assert c.se > 0 and out["decisions"][("norm=batch", "")].word == "worse"
 
 
-def test_a_transfer_rule_for_one_arm_tunes_the_others_at_every_rung(tmp_path, monkeypatch):
+def test_a_transfer_rule_for_one_arm_tunes_the_others_at_every_rung(tmp_path, monkeypatch, capsys):
     """study.transfer as a mapping {arm: rule}: that arm is tuned at the smallest rung only and its setting
     carried up by the rule; every other arm is tuned at every rung (µP tuned once against the standard
     parametrisation tuned at each width). The plan counts those runs; a mapping naming no arm is refused."""
@@ -575,9 +575,17 @@ def test_a_transfer_rule_for_one_arm_tunes_the_others_at_every_rung(tmp_path, mo
     block = {"question": "q?", "baseline": "param=standard", "compare": ["param=mup"], "sizes": sizes,
              "tune": {"params": {"optim.lr": [0.001, 0.002, 0.004, 0.008]}, "seeds": [1, 2], "rule": "best"},
              "transfer": {"param=mup": "mup"}}
-    d = design_of("x", [], block)
+    d = design_of("x", [], block, jobs=1, base={"max_steps": 10, "val_check_interval": None, "eval_at_start": False})
     rungs = list(d.rungs)
     assert d.tuned_rungs_of("param=mup") == rungs[:1] and d.tuned_rungs_of("param=standard") == rungs
+    from modforge.studies import runner
+
+    probes = {(a, r): probed(1000 * (i + 1), 600) for a in d.arms for i, r in enumerate(rungs)}
+    made = runner.make_plan(d, probes)
+    assert made.runs["tune"] == (1 + 3) * 4 * 2
+    runner.print_plan(d, probes, made, tmp_path)
+    assert ("stage 1, tuning: 4 arm-rungs (rungs tuned: param=standard: 3, param=mup: 1) x 4 settings of optim.lr x "
+            "2 seeds = 32 runs") in capsys.readouterr().out
     assert d.tuned_rungs == rungs and d.transfer is None
     ran = []
     best = {32: 0.004, 64: 0.002, 128: 0.001}  # the standard parametrisation's best rate falls with width

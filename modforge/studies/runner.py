@@ -145,7 +145,8 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
     if d.grid:
         per_arm = isinstance(d.study.get("transfer"), dict)
         lines.append(f"\n  stage 1, tuning: "
-                     + (f"{len(tuned)} arm-rungs ({', '.join(f'{a}: {len(d.tuned_rungs_of(a))}' for a in d.arms)})"
+                     + (f"{sum(len(d.tuned_rungs_of(a)) for a in d.arms)} arm-rungs (rungs tuned: "
+                        f"{', '.join(f'{a}: {len(d.tuned_rungs_of(a))}' for a in d.arms)})"
                         if per_arm else f"{len(d.arms)} arms x {len(d.tuned_rungs)} rung(s)")
                      + f" x {len(tuning.settings(d.grid))} settings of {', '.join(d.grid)} x {len(d.tune_seeds)} seeds = "
                      f"{r['tune']} runs (+ at most {r['extend']} if edge optima are extended)"
