@@ -1,6 +1,7 @@
 """A study's plots (matplotlib, the optional ``report`` extra): each arm's tuning curve at each tuned rung, and each
 arm's metric against training compute on log axes with its fitted power law."""
 import math
+import textwrap
 from pathlib import Path
 
 try:
@@ -151,7 +152,8 @@ def ladder_plot(d: Design, rec: dict, out: Path) -> list:
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         err = [[max(0.0, p[1] - p[2]) if math.isfinite(p[2]) else 0.0 for p in pts],
                [max(0.0, p[3] - p[1]) if math.isfinite(p[3]) else 0.0 for p in pts]]
-        bar = ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=arm + (" (baseline)" if arm == d.baseline else ""))
+        label = textwrap.fill(arm.replace(",", ", ") + (" (baseline)" if arm == d.baseline else ""), 70)
+        bar = ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=label)
         f = lad.get("fit")
         if f and arm in f["A"]:
             hi = max(xs + ([lad["target_flops"]] if lad["target_flops"] else []))
@@ -164,7 +166,7 @@ def ladder_plot(d: Design, rec: dict, out: Path) -> list:
     ax.set_ylabel(d.metric)
     ax.set_title("metric against compute; lines: the joint fit L = E + A_arm (C/C0)^-alpha", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below the axes: long arm names fit
     return _save(fig, out, "ladder.png")
 
 
