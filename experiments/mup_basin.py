@@ -1,0 +1,72 @@
+"""mup_basin's reading (issue 50): is µP's carried rate inside each width's basin?
+
+For each width of the sweep (``conf/experiment/mup_basin.yaml``), the curve of val/loss against the rate is fitted
+as a study fits it (``modforge.studies.lrfit``: a local quadratic in log2 of the rate; the basin is where it is
+within 0.02 of its minimum), and the carried rate, 0.005527, is checked against that basin.
+
+    python experiments/mup_basin.py multirun/mup_basin      # writes experiments/results/mup_ladder/basin.md
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+CARRIED = 0.005527
+OUT = Path(__file__).resolve().parent / "results" / "mup_ladder"
+
+
+def read(sweep: Path) -> dict:
+    """{width: {rate: [val/loss over seeds]}} of the sweep's finished runs (NaN: a run that failed)."""
+    from modforge.results.jobs import load_jobs, metric_value
+
+    out: dict = {}
+    for j in load_jobs(sweep):
+        w, lr = int(j.overrides["model.d_model"]), float(j.overrides["optim.lr"])
+        v = metric_value(j.metrics, "val/loss") if j.status == "finished" else math.nan
+        out.setdefault(w, {}).setdefault(lr, []).append(v)
+    return out
+
+
+def fit(runs: dict) -> dict:
+    from modforge.studies import lrfit
+    from modforge.studies.tuning import key_of
+
+    rows = {}
+    for w, by_rate in sorted(runs.items()):
+        known = {key_of({"optim.lr": r}): {"optim.lr": r} for r in by_rate}
+        curve = {key_of({"optim.lr": r}): v for r, v in by_rate.items()}
+        ch = lrfit.fit_all({("mup", w): curve}, known, "optim.lr", delta=0.02, draws=200)[("mup", w)]
+        v = ch.valley
+        lo, hi = (2 ** b for b in v.basin)
+        at = by_rate.get(CARRIED, [math.nan])
+        rows[w] = {"lr*": 2 ** v.x, "interval": [2 ** v.low, 2 ** v.high], "basin": [lo, hi],
+                   "bracketed": v.bracketed, "fitted_min": v.at_choice,
+                   "carried_mean": sum(at) / len(at), "inside": lo <= CARRIED <= hi,
+                   "means": {str(r): sum(x) / len(x) for r, x in sorted(by_rate.items())}}
+    return rows
+
+
+def markdown(rows: dict) -> str:
+    lines = ["# µP's carried rate against each width's basin (mup_basin)", "",
+             f"Written by `python experiments/mup_basin.py` from the sweep of `conf/experiment/mup_basin.yaml`; "
+             f"carried rate {CARRIED}.", "",
+             "| width | fitted lr* | its interval | basin (within 0.02) | carried rate inside | loss at the carried "
+             "rate | fitted minimum |", "|---|---|---|---|---|---|---|"]
+    for w, r in rows.items():
+        lines.append(f"| {w} | {r['lr*']:.4g}{'' if r['bracketed'] else ' (edge)'} | [{r['interval'][0]:.4g}, "
+                     f"{r['interval'][1]:.4g}] | [{r['basin'][0]:.4g}, {r['basin'][1]:.4g}] | "
+                     f"{'yes' if r['inside'] else '**no**'} | {r['carried_mean']:.4f} | {r['fitted_min']:.4f} |")
+    lines += ["", "Means per rate:", ""]
+    for w, r in rows.items():
+        lines.append(f"- {w}: " + ", ".join(f"{float(k):.4g}: {v:.4f}" for k, v in r["means"].items()))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python experiments/mup_basin.py <the sweep's directory>")
+    rows = fit(read(Path(sys.argv[1])))
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "basin.json").write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
+    (OUT / "basin.md").write_text(markdown(rows))
+    print(markdown(rows))
