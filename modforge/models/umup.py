@@ -43,6 +43,8 @@ from modforge.models.param import Parametrisation, fan_in, in_stack, on_meta, ro
 from modforge.registry import ConfigError, as_dict, register
 
 WHO = "param=umup"
+TIED = ("param=umup: model.tie_embeddings=true, but u-µP's embedding and readout follow different rules (lr x "
+        "1/sqrt(width) against x 1, no output scale against 1/width): set model.tie_embeddings=false")
 
 
 @dataclass
@@ -83,17 +85,14 @@ class UMuP(Parametrisation):
 
     def preflight(self, model_cfg: Any, parts: Any) -> None:
         if as_dict(model_cfg).get("tie_embeddings"):
-            raise ConfigError("param=umup: model.tie_embeddings=true, but u-µP's embedding and readout follow "
-                              "different rules (lr x 1/sqrt(width) against x 1, no output scale against "
-                              "1/width): set model.tie_embeddings=false")
+            raise ConfigError(TIED)
         on_meta(model_cfg, parts, self)
 
     def apply(self, model: nn.Module, make_model: Callable[[dict], nn.Module]) -> None:
         c = self.cfg
         tok = getattr(model, "tok", None)
         if tok is not None and model.head.weight is tok.weight:
-            raise ConfigError("param=umup: model.tie_embeddings=true, but u-µP's embedding and readout follow "
-                              "different rules: set model.tie_embeddings=false")
+            raise ConfigError(TIED)
         role = roles(model, WHO)
         depths = stacks(model)
         seq = c.seq_len or int(model.cfg.max_len)
