@@ -10,6 +10,7 @@ an end of the sweep is extended one step past it, at most twice). The plan below
 
     python experiments/mup_base.py                  # runs what is missing, writes results/mup_ladder/base.{json,md}
     python experiments/mup_base.py dry_run=true     # the plan only
+    python experiments/mup_base.py umup             # u-µP's base (mup_ladder_umup): results/mup_ladder/base_umup.*
 
 It runs in ``studies/mup_ladder_base/`` (resumable: a finished job is never run again) and prints the commands
 of mup_ladder and of mup_depth (issue 50, item 5: the same base carried in depth) with the chosen constants.
@@ -20,24 +21,38 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPERIMENT = "mup_ladder"
 BASE = {"model.d_model": 64, "model.n_heads": 2}  # the ladder's lowest rung: its base shape
-ARM = {"param.base.d_model": 64, "param.base.n_heads": 2}
-ARM_NAME = ",".join(f"{k}={v}" for k, v in ARM.items())  # the study's µP arm
 SEEDS = [1, 2, 3]
 EXTEND = 2  # steps past an edge optimum, per coordinate
-START = {"optim.lr": 0.00390625, "param.output_mult": 1.0, "param.attn_mult": 32 ** 0.5, "model.init_std": 0.02}
-PLAN = [  # (key, values): the sweeps in order, each a factor 2 apart (the attention multiplier's centred on its
-    # default, sqrt(32): the standard parametrisation's 1/sqrt(d_head))
-    ("optim.lr", [2.0 ** -k for k in (10, 9, 8, 7, 6, 5)]),
-    ("param.output_mult", [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]),
-    ("param.attn_mult", [32 ** 0.5 * 2.0 ** k for k in (-2, -1, 0, 1, 2)]),
-    ("model.init_std", [0.005, 0.01, 0.02, 0.04, 0.08]),
-    ("optim.lr", [2.0 ** -k for k in (10, 9, 8, 7, 6, 5)]),
-]
-OUT = ROOT / "experiments" / "results" / EXPERIMENT
-
-
+PROFILES = {
+    # µP (mup_ladder): the base shape is the arm; the attention multiplier's sweep is centred on its default,
+    # sqrt(32): the standard parametrisation's 1/sqrt(d_head)
+    "mup": {
+        "experiment": "mup_ladder", "title": "µP's base, tuned once (stage 0 of mup_ladder)",
+        "arm": {"param.base.d_model": 64, "param.base.n_heads": 2},
+        "start": {"optim.lr": 0.00390625, "param.output_mult": 1.0, "param.attn_mult": 32 ** 0.5,
+                  "model.init_std": 0.02},
+        "plan": [("optim.lr", [2.0 ** -k for k in (10, 9, 8, 7, 6, 5)]),
+                 ("param.output_mult", [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]),
+                 ("param.attn_mult", [32 ** 0.5 * 2.0 ** k for k in (-2, -1, 0, 1, 2)]),
+                 ("model.init_std", [0.005, 0.01, 0.02, 0.04, 0.08]),
+                 ("optim.lr", [2.0 ** -k for k in (10, 9, 8, 7, 6, 5)])]},
+    # u-µP (mup_ladder_umup, declared in its config): no base shape, so the experiment's own defaults (param=umup,
+    # untied embeddings) are the arm; its four multipliers start at their default, 1 (u-µP's claim is that 1 is
+    # near the optimum), each swept x2^-2 ... and the rate (its rates sit near 1: docs/mup.md) before and after
+    "umup": {
+        "experiment": "mup_ladder_umup", "title": "u-µP's base, tuned once (stage 0 of mup_ladder_umup)",
+        "arm": {},
+        "start": {"optim.lr": 0.25, "param.output_mult": 1.0, "param.attn_mult": 1.0, "param.residual_mult": 1.0,
+                  "param.residual_attn_ratio": 1.0},
+        "plan": [("optim.lr", [2.0 ** k for k in (-5, -4, -3, -2, -1, 0, 1)]),
+                 ("param.output_mult", [2.0 ** k for k in (-2, -1, 0, 1, 2, 3, 4)]),
+                 ("param.attn_mult", [2.0 ** k for k in (-2, -1, 0, 1, 2, 3)]),
+                 ("param.residual_mult", [2.0 ** k for k in (-2, -1, 0, 1, 2)]),
+                 ("param.residual_attn_ratio", [2.0 ** k for k in (-2, -1, 0, 1, 2)]),
+                 ("optim.lr", [2.0 ** k for k in (-5, -4, -3, -2, -1, 0, 1)])]},
+}
+PROFILE = PROFILES["mup"]  # main() sets the one asked for
 def design():
     from omegaconf import OmegaConf
 
@@ -45,10 +60,18 @@ def design():
     from modforge.studies.design import design_of
 
     load()
-    cfg = compose_job([f"experiment={EXPERIMENT}"])
+    cfg = compose_job(["experiment=" + PROFILE["experiment"]])
     block = OmegaConf.to_container(cfg.study, resolve=True)
-    block["tune"]["params"] = {k: [v] for k, v in START.items()}  # the keys this stage sets (the runner checks)
-    return design_of(EXPERIMENT, [], block, 2, {"max_steps": cfg.trainer.max_steps})
+    block["tune"]["params"] = {k: [v] for k, v in PROFILE["start"].items()}  # the keys this stage sets (the runner checks)
+    if PROFILE is PROFILES["umup"]:  # (the study's arm sets the multipliers this stage tunes: an arm of none here)
+        block.update(compare=["param=umup"], transfer=None)
+        block["tune"].pop("scale", None)
+    return design_of(PROFILE["experiment"], [], block, 2, {"max_steps": cfg.trainer.max_steps})
+
+
+def arm_name() -> str:
+    """The study's arm these runs tune (its runs are named by it)."""
+    return ",".join(f"{k}={v}" for k, v in PROFILE["arm"].items()) or "param=umup"
 
 
 def cells_of(key: str, values: list, current: dict, steps: int) -> list:
@@ -60,8 +83,8 @@ def cells_of(key: str, values: list, current: dict, steps: int) -> list:
     for v in values:
         setting = {**current, key: float(f"{v:.6g}")}
         for seed in SEEDS:
-            out.append(Cell(ARM_NAME, rung_name(BASE), key_of(setting), seed,
-                            {**ARM, **BASE, **setting, "trainer.max_steps": steps, "seed": seed}))
+            out.append(Cell(arm_name(), rung_name(BASE), key_of(setting), seed,
+                            {**PROFILE["arm"], **BASE, **setting, "trainer.max_steps": steps, "seed": seed}))
     return out
 
 
@@ -107,17 +130,24 @@ def coordinate(d, i: int, key: str, values: list, current: dict, clock, dry: boo
 
 
 def d_dir() -> Path:
-    return ROOT / "studies" / f"{EXPERIMENT}_base"  # (beside the study: its directory holds only what it writes)
+    return ROOT / "studies" / (PROFILE["experiment"] + "_base")  # (beside the study: its directory holds only what it writes)
+
+
+def out_dir() -> Path:
+    return ROOT / "experiments" / "results" / PROFILE["experiment"].replace("_umup", "")
 
 
 def write(records: list, current: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "base.json").write_text(json.dumps({"plan": PLAN, "seeds": SEEDS, "start": START, "steps": records,
-                                               "chosen": current}, indent=1) + "\n")
-    lines = ["# µP's base, tuned once (stage 0 of mup_ladder)", "",
+    out = out_dir()
+    name = "base.json" if PROFILE is PROFILES["mup"] else "base_umup.json"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps({"plan": PROFILE["plan"], "seeds": SEEDS, "start": PROFILE["start"],
+                                        "steps": records, "chosen": current}, indent=1) + "\n")
+    lines = [f"# {PROFILE['title']}", "",
              f"Base d_model {BASE['model.d_model']}, {BASE['model.n_heads']} heads of "
              f"{BASE['model.d_model'] // BASE['model.n_heads']}, 2 layers; 400 steps; seeds {SEEDS}. Written by "
-             "`python experiments/mup_base.py` from its runs (studies/mup_ladder_base).", "",
+             f"`python experiments/mup_base.py{'' if PROFILE is PROFILES['mup'] else ' umup'}` from its runs "
+             f"(studies/{PROFILE['experiment']}_base).", "",
              "| step | key | values tried | chosen (fitted argmin) | its interval | basin (within 0.02) | fitted loss |",
              "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(records):
@@ -126,13 +156,18 @@ def write(records: list, current: dict) -> None:
         fl = "—" if r.get("fitted_loss") is None else f"{r['fitted_loss']:.4f}"
         lines.append(f"| {i} | `{r['key']}` | {', '.join(f'{v:.4g}' for v in r['values'])} | {r['chosen']:.4g}"
                      f"{'' if r.get('bracketed', True) else ' (edge)'} | {iv} | {bs} | {fl} |")
-    lines += ["", "Chosen: " + ", ".join(f"`{k}={v:.4g}`" for k, v in current.items()), "",
-              "The studies' commands with them (mup_ladder: width; mup_depth: depth):", "", "```bash",
-              command(current), command(current, "mup_depth"), "```", ""]
-    (OUT / "base.md").write_text("\n".join(lines))
+    lines += ["", "Chosen: " + ", ".join(f"`{k}={v:.4g}`" for k, v in current.items()), ""]
+    if PROFILE is PROFILES["mup"]:
+        lines += ["The studies' commands with them (mup_ladder: width; mup_depth: depth):", "", "```bash",
+                  command(current, "mup_ladder"), command(current, "mup_depth"), "```", ""]
+    else:
+        lines += ["The arm of mup_ladder_umup with them (its `study.compare`, `study.transfer` and the rate "
+                  "grid's factor, `study.tune.scale`, as its config declares):", "", "```text",
+                  umup_arm(current), "```", ""]
+    (out / name.replace(".json", ".md")).write_text("\n".join(lines))
 
 
-def command(current: dict, experiment: str = EXPERIMENT) -> str:
+def command(current: dict, experiment: str) -> str:
     """The study's command with the base's constants and its rate grid, lr* x 2^-4 ... 2^1 (the standard
     parametrisation's best rate falls with width: the grid reaches further below the base's rate)."""
     lr = current["optim.lr"]
@@ -142,15 +177,24 @@ def command(current: dict, experiment: str = EXPERIMENT) -> str:
             f"'study.tune.params={{optim.lr: [{grid}]}}'")
 
 
+def umup_arm(current: dict) -> str:
+    """u-µP's arm: its four multipliers at the base's values, and the factor that puts the study's rate grid
+    (declared around the standard parametrisation's base rate) around u-µP's tuned base rate."""
+    arm = ",".join(f"{k}={current[k]:.4g}" for k in current if k != "optim.lr")
+    return f"{arm}\nrate at the base: {current['optim.lr']:.4g}"
+
+
 def main(argv: list) -> None:
     from modforge.studies.stages import StageClock
 
+    global PROFILE
     dry = "dry_run=true" in argv
+    PROFILE = PROFILES["umup" if "umup" in argv else "mup"]
     d = design()
     d_dir().mkdir(parents=True, exist_ok=True)
     clock = StageClock(d_dir(), {})
-    current, records = dict(START), []
-    for i, (key, values) in enumerate(PLAN):
+    current, records = dict(PROFILE["start"]), []
+    for i, (key, values) in enumerate(PROFILE["plan"]):
         rec = coordinate(d, i, key, values, current, clock, dry)
         records.append(rec)
         if rec["chosen"] is not None:
@@ -159,8 +203,11 @@ def main(argv: list) -> None:
     if dry:
         return
     write(records, current)
-    print(command(current))
-    print(command(current, "mup_depth"))
+    if PROFILE is PROFILES["mup"]:
+        print(command(current, "mup_ladder"))
+        print(command(current, "mup_depth"))
+    else:
+        print(umup_arm(current))
 
 
 if __name__ == "__main__":

@@ -615,3 +615,52 @@ def test_a_transfer_rule_for_one_arm_tunes_the_others_at_every_rung(tmp_path, mo
         design_of("x", [], {**block, "transfer": {"param=mu": "mup"}})
     with pytest.raises(ConfigError, match=r"study.transfer.param=mup=sideways: a transfer rule"):
         design_of("x", [], {**block, "transfer": {"param=mup": "sideways"}})
+
+
+def test_an_arm_with_its_own_units_is_tuned_on_the_grid_times_its_declared_factor(tmp_path, monkeypatch, capsys):
+    """study.tune.scale {arm: {key: factor}}: that arm's grid is the declared one times the factor, the same
+    points in the same ratios (u-µP's rates sit near 1, the standard parametrisation's near 1e-3); the others keep
+    the declared grid; the plan and write-up say so; a factor that is not positive, a key not in the grid or a
+    name that is no arm is refused in one line."""
+    from modforge.config.study import check_study
+    from modforge.studies import rounds, stages
+
+    block = {"question": "q?", "baseline": "param=standard", "compare": ["param=umup"],
+             "tune": {"params": {"optim.lr": [0.001, 0.002, 0.004, 0.008]}, "seeds": [1, 2],
+                      "scale": {"param=umup": {"optim.lr": 64}}}}
+    d = design_of("x", [], check_study(block), jobs=1,
+                  base={"max_steps": 10, "val_check_interval": None, "eval_at_start": False})
+    assert d.grid_of("param=umup") == {"optim.lr": [0.064, 0.128, 0.256, 0.512]}
+    assert d.grid_of("param=standard") == {"optim.lr": [0.001, 0.002, 0.004, 0.008]}
+    ran = []
+    best = {"param=standard": 0.002, "param=umup": 0.256}
+
+    def run_stage(d_, stage_dir, cells, jobs, clock, *a):
+        ran.extend((c.arm, c.overrides["optim.lr"]) for c in cells)
+
+    def read_stage(d_, stage_dir, cells):
+        return [{"cell": c, "status": "finished", "metrics": {}, "name": f"#{i}", "error": None,
+                 "value": 2 + abs(math.log2(c.overrides["optim.lr"] / best[c.arm]))} for i, c in enumerate(cells)]
+
+    monkeypatch.setattr(rounds, "run_stage", run_stage)
+    monkeypatch.setattr(rounds, "read_stage", read_stage)
+    monkeypatch.setattr(rounds, "stage_cells", lambda stage, make: make())
+    plan = type("P", (), {"steps": {(a, ""): 10 for a in d.arms}, "val_every": {(a, ""): None for a in d.arms}})()
+    out = rounds.tune(d, tmp_path, plan, stages.StageClock(tmp_path, {}))
+    assert sorted(lr for a, lr in ran if a == "param=umup") == sorted([0.064, 0.128, 0.256, 0.512] * 2)
+    assert sorted(lr for a, lr in ran if a == "param=standard") == sorted([0.001, 0.002, 0.004, 0.008] * 2)
+    assert abs(out["chosen"][("param=umup", "")]["optim.lr"] / 0.256 - 1) < 0.2
+    assert abs(out["chosen"][("param=standard", "")]["optim.lr"] / 0.002 - 1) < 0.2
+    from modforge.studies import runner
+
+    probes = {(a, ""): probed(1000, 600) for a in d.arms}
+    runner.print_plan(d, probes, runner.make_plan(d, probes), tmp_path)
+    assert "param=umup's grid x 64 (optim.lr)" in capsys.readouterr().out
+    for bad, match in (({"param=umup": {"optim.lr": 0}}, r"study.tune.scale=.*each factor a positive number"),
+                       ({"param=umup": {"optim.eps": 2}}, r"study.tune.scale=.*each key one of study.tune.params "
+                                                          r"\(optim.lr\)"),
+                       ([1], r"study.tune.scale=\[1\]: a mapping")):
+        with pytest.raises(ConfigError, match=match):
+            check_study({**block, "tune": {**block["tune"], "scale": bad}})
+    with pytest.raises(ConfigError, match=r"study.tune.scale: param=mu is not an arm of the study"):
+        design_of("x", [], check_study({**block, "tune": {**block["tune"], "scale": {"param=mu": {"optim.lr": 2}}}}))

@@ -23,7 +23,8 @@ HYPOTHESES = {"question": "the question, in words", "metric": "a val metric, e.g
 DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, every arm alike), seeds (a list of "
                   "integers), extend (grid steps added past an edge optimum, an integer >= 0), rule (fit: a curve "
                   "fitted along key, with spike, fail_level, basin and halving: {at, keep, least}; or best: the best "
-                  "mean, with cliff: {key, by, within})",
+                  "mean, with cliff: {key, by, within}), scale ({arm: {key: factor}}: that arm's grid in its own "
+                  "units, the same points times the factor)",
           "seeds": "a mapping of integers: min (>= 2: the first look), max (>= min), step (>= 1), start (the first fresh seed, "
                    "above every tuning seed)",
           "sizes": "a list of mappings of overrides, one per rung of the ladder, smallest first, e.g. "
@@ -145,7 +146,7 @@ def _seeds(value: Any, bad) -> dict:
     return s
 
 
-TUNE_KEYS = ("params", "seeds", "extend", "cliff", "rule", "key", "spike", "fail_level", "basin", "halving")
+TUNE_KEYS = ("params", "seeds", "extend", "cliff", "rule", "key", "spike", "fail_level", "basin", "halving", "scale")
 HALVING = ("study.tune.halving={value!r}: true, or a mapping of at (fractions of a run's steps at which the worse "
            "settings stop, increasing, each in (0, 1); default [0.25, 0.5]), keep (the share that trains on, in "
            "(0, 1); default 0.5), least (the fewest settings of an arm kept, an integer >= 3; default 3)")
@@ -196,6 +197,8 @@ def _tune(value: Any, bad) -> dict:
             if rule != "fit":
                 raise ConfigError(f"study.tune.{opt}: a setting of rule: fit (this block's rule is {rule})")
             out[opt] = float(value[opt])
+    if value.get("scale") is not None:
+        out["scale"] = _scale(value["scale"], grid)
     if "halving" in value and value["halving"] not in (None, False):
         if rule != "fit":
             raise ConfigError(f"study.tune.halving: goes with rule: fit (a fitted best beside a stopped rate "
@@ -207,6 +210,24 @@ def _tune(value: Any, bad) -> dict:
                               f"least three positive values in study.tune.params (name it with key: when the grid "
                               f"has {'none' if not rates else 'several'} ending in lr)")
         out["key"] = str(key)
+    return out
+
+
+def _scale(value: Any, grid: dict) -> dict:
+    """``study.tune.scale``: {arm: {key: factor}}: that arm's values of that key are the grid's times the factor,
+    the same points in the same ratios (for an arm whose key has other units, as u-µP's rate has). Whether each
+    name is an arm is checked with the arms (:func:`modforge.studies.design.design_of`)."""
+    what = ("study.tune.scale={!r}: a mapping {{arm: {{key: factor}}}}, each key one of study.tune.params ("
+            + ", ".join(grid) + ") and each factor a positive number: that arm's grid of the key is the declared "
+            "one times the factor")
+    if not (isinstance(value, dict) and value):
+        raise ConfigError(what.format(value))
+    out = {}
+    for arm, keys in value.items():
+        if not (isinstance(keys, dict) and keys and all(str(k) in grid and _number(f) and f > 0
+                                                         for k, f in keys.items())):
+            raise ConfigError(what.format({arm: keys}))
+        out[str(arm)] = {str(k): float(f) for k, f in keys.items()}
     return out
 
 

@@ -26,6 +26,12 @@ class Design:
     jobs: int = 1
     base: dict = field(default_factory=dict)  # the composed config's max_steps, val_check_interval, eval_at_start
 
+    def grid_of(self, arm: str) -> dict:
+        """The arm's tuning grid: the declared one, each key times the arm's factor in ``study.tune.scale``."""
+        scale = ((self.study.get("tune") or {}).get("scale") or {}).get(arm, {})
+        return {k: [float(f"{v * scale[k]:.6g}") if k in scale else v for v in values]
+                for k, values in self.grid.items()}
+
     def setting_of(self, arm: str, rung: str, key: str):
         """A config value as a job of this arm and rung has it: the arm's or rung's override, else the config's."""
         ov = {**self.arms[arm], **self.rungs[rung]}
@@ -159,6 +165,9 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
     if d.tune_seeds and max(d.tune_seeds) >= seeds["start"]:
         raise ConfigError(f"study.seeds.start={seeds['start']}: the comparison's seeds must be fresh, above every "
                           f"tuning seed (study.tune.seeds={d.tune_seeds}); give study.seeds.start")
+    for arm in (tune.get("scale") or {}):
+        if arm not in arms:
+            raise ConfigError(f"study.tune.scale: {arm} is not an arm of the study; its arms: {', '.join(arms)}")
     rules = s.get("transfer")
     if isinstance(rules, dict):
         for arm in rules:

@@ -26,7 +26,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
     if not d.grid:
         return {"chosen": {(a, r): {} for a in d.arms for r in d.rungs}, "curves": {}, "edges": {}, "grids": {},
                 "settings": {}, "runs": 0, "devices": [], "fits": {}}
-    grids = {(a, r): {k: list(v) for k, v in d.grid.items()} for a in d.arms for r in d.tuned_rungs_of(a)}
+    grids = {(a, r): d.grid_of(a) for a in d.arms for r in d.tuned_rungs_of(a)}
     curves: dict = {k: {} for k in grids}
     known: dict = {}
     devices: list = []  # each finished tuning run's metrics.json "devices": what it ran on
@@ -51,7 +51,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
             runs += 1
 
     first = [cell(d, plan, a, r, s, seed) for r in d.tuned_rungs for a in d.arms if r in d.tuned_rungs_of(a)
-             for s in tuning.settings(d.grid) for seed in d.tune_seeds]
+             for s in tuning.settings(d.grid_of(a)) for seed in d.tune_seeds]
     stage = study_dir / "tune" / "round-0"
     cells = stage_cells(stage, lambda: first)
     halved = halve(d, stage, cells, plan, clock)

@@ -152,6 +152,8 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
                      f"{r['tune']} runs (+ at most {r['extend']} if edge optima are extended)"
                      + (f"; by successive halving at {halving.schedule(d)['at']} of each run's steps, as few as "
                         f"{plan.share:.0%} of their steps" if halving.schedule(d) else "")
+                     + "".join(f"; {a}'s grid x {', '.join(f'{f:g} ({k})' for k, f in keys.items())}"
+                               for a, keys in (d.study["tune"].get("scale") or {}).items())
                      + (f"; settings carried up by transfer={d.transfer}" if d.transfer else "")
                      + ("; carried up from the smallest rung: " + ", ".join(f"{a} by {d.transfer_of(a)}" for a in d.arms
                                                                            if d.transfer_of(a)) if per_arm else "")
@@ -220,7 +222,7 @@ def check_cells_compose(d: Design) -> None:
     for arm, ov in d.arms.items():
         for rung, rv in d.rungs.items():
             where = f"study.{'baseline' if arm == d.baseline else 'compare'}: {arm}{f' at rung {rung}' if rung else ''}"
-            check_metric(d.metric, check({**ov, **rv, **first}, where), where)
+            check_metric(d.metric, check({**ov, **rv, **{k: v[0] for k, v in d.grid_of(arm).items()}}, where), where)
 
 
 def check_metric(metric: str, cfg, where: str) -> None:
