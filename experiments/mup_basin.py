@@ -5,14 +5,19 @@ as a study fits it (``modforge.studies.lrfit``: a local quadratic in log2 of the
 within 0.02 of its minimum), and the carried rate, 0.005527, is checked against that basin.
 
     python experiments/mup_basin.py multirun/mup_basin      # writes experiments/results/mup_ladder/basin.md
+    python experiments/mup_basin.py multirun/mup_basin_umup umup   # u-µP's (mup_basin_umup.yaml): basin_umup.md
 """
 import json
 import math
 import sys
 from pathlib import Path
 
-CARRIED = 0.005527
 OUT = Path(__file__).resolve().parent / "results" / "mup_ladder"
+PROFILES = {  # name: (the carried rate, the study it comes from, what it is, the sweep's config, the files written)
+    "mup": (0.005527, "mup_ladder", "µP", "mup_basin", "basin"),
+    "umup": (None, "mup_ladder_umup", "u-µP", "mup_basin_umup", "basin_umup"),
+}
+CARRIED, STUDY, WHAT, CONFIG, NAME = PROFILES["mup"]
 
 
 def read(sweep: Path) -> dict:
@@ -47,9 +52,9 @@ def fit(runs: dict) -> dict:
 
 
 def markdown(rows: dict) -> str:
-    lines = ["# µP's carried rate against each width's basin (mup_basin)", "",
-             f"Written by `python experiments/mup_basin.py` from the sweep of `conf/experiment/mup_basin.yaml`; "
-             f"carried rate {CARRIED}.", "",
+    lines = [f"# {WHAT}'s carried rate against each width's basin ({CONFIG})", "",
+             f"Written by `python experiments/mup_basin.py{'' if WHAT == 'µP' else ' <sweep> umup'}` from the sweep "
+             f"of `conf/experiment/{CONFIG}.yaml`; carried rate {CARRIED} ({STUDY}'s, tuned at the base).", "",
              "| width | fitted lr* | its interval | basin (within 0.02) | carried rate inside | loss at the carried "
              "rate | fitted minimum |", "|---|---|---|---|---|---|---|"]
     for w, r in rows.items():
@@ -63,10 +68,11 @@ def markdown(rows: dict) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python experiments/mup_basin.py <the sweep's directory>")
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in PROFILES):
+        raise SystemExit("usage: python experiments/mup_basin.py <the sweep's directory> [mup | umup]")
+    CARRIED, STUDY, WHAT, CONFIG, NAME = PROFILES[sys.argv[2] if len(sys.argv) == 3 else "mup"]
     rows = fit(read(Path(sys.argv[1])))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "basin.json").write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
-    (OUT / "basin.md").write_text(markdown(rows))
+    (OUT / f"{NAME}.json").write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
+    (OUT / f"{NAME}.md").write_text(markdown(rows))
     print(markdown(rows))

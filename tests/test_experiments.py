@@ -34,3 +34,45 @@ def test_a_value_off_by_one_digit_is_caught(tmp_path):
     assert tampered["values"] == {metric: wrong}
     assert recheck.committed(tampered) == {metric: False}
     assert recheck.committed(row) == {metric: True}
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_saved_study_keeps_its_ended_runs_records_and_nothing_else_and_restores_them(tmp_path):
+    """experiments/study_state.py: of a run that ended, its config, metrics and markers (what the sweep reads to
+    skip it); no checkpoints or logs; a run that did not end is left out (it trains again); the same runs give
+    the same bytes; restore refuses a directory that holds anything."""
+    st = _script("study_state")
+    s = tmp_path / "s"
+    stage = s / "tune" / "round-0"
+    for name, ended in (("0_a", True), ("1_b", False)):
+        run = stage / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "checkpoints").mkdir()
+        (run / ".modforge-run").write_text('{"format": "modforge-run-1"}')
+        (run / "config.yaml").write_text("seed: 1\n")
+        (run / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"x" * 1000)
+        (run / "train.log").write_text("...")
+        if ended:
+            (run / "metrics.json").write_text('{"status": "finished"}')
+    (stage / "cells.json").write_text('{"cells": []}')
+    (s / "study.json").write_text("{}")
+    assert [str(p) for p in st.kept(s)] == ["study.json", "tune/round-0/0_a/.hydra/overrides.yaml",
+                                           "tune/round-0/0_a/.modforge-run", "tune/round-0/0_a/config.yaml",
+                                           "tune/round-0/0_a/metrics.json", "tune/round-0/cells.json"]
+    assert st.save(s, tmp_path / "a.tar.xz") == 1 and st.save(s, tmp_path / "b.tar.xz") == 1
+    assert (tmp_path / "a.tar.xz").read_bytes() == (tmp_path / "b.tar.xz").read_bytes()
+    back = tmp_path / "back"
+    assert st.restore(tmp_path / "a.tar.xz", back) == 1
+    assert (back / "tune/round-0/0_a/metrics.json").read_text() == '{"status": "finished"}'
+    assert not (back / "tune/round-0/1_b").exists() and not (back / "tune/round-0/0_a/checkpoints").exists()
+    import pytest
+
+    with pytest.raises(SystemExit, match="not empty; restore into a new directory"):
+        st.restore(tmp_path / "a.tar.xz", back)

@@ -664,3 +664,30 @@ def test_an_arm_with_its_own_units_is_tuned_on_the_grid_times_its_declared_facto
             check_study({**block, "tune": {**block["tune"], "scale": bad}})
     with pytest.raises(ConfigError, match=r"study.tune.scale: param=mu is not an arm of the study"):
         design_of("x", [], check_study({**block, "tune": {**block["tune"], "scale": {"param=mu": {"optim.lr": 2}}}}))
+
+
+@pytest.mark.slow
+def test_mup_and_umup_arms_are_tuned_once_and_carried_up_a_ladder(tmp_path):
+    """study_mup_toy end to end: the standard parametrisation tuned at both widths; µP tuned at the smallest rung
+    (where it is the standard parametrisation: its runs there equal the baseline's, seed for seed) and carried by
+    transfer: mup with that rung as its base shape; u-µP tuned there on the grid times its declared factor and
+    carried unchanged (transfer: same: it has no base shape)."""
+    d = tmp_path / "m"
+    p = study(tmp_path, "experiment=study_mup_toy", f"dir={d}", "trainer.enable_progress_bar=false", "force=true")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads((d / "report.json").read_text())
+    small, top = "model.d_model=16,model.n_heads=2", "model.d_model=32,model.n_heads=4"
+    umup, mup, std = "param=umup,model.tie_embeddings=false", "param=mup,param.base.d_model=null", "param=standard"
+    tuned = {(r["arm"], r["rung"]) for r in rec["tuning"]}
+    assert tuned == {(std, small), (std, top), (mup, small), (umup, small)}
+    assert {r["setting"]["optim.lr"] for r in rec["tuning"] if r["arm"] == umup} <= {0.027, 0.09, 0.3, 0.9, 2.7}
+    assert {r["setting"]["optim.lr"] for r in rec["tuning"] if r["arm"] == std} <= {0.0009, 0.003, 0.01, 0.03, 0.09}
+    arms = {(a["arm"], a["rung"]): a for a in rec["arms"]}
+    assert arms[(umup, top)]["setting"] == arms[(umup, small)]["setting"]  # carried unchanged
+    assert arms[(mup, top)]["setting"] == {**arms[(mup, small)]["setting"], "param": "mup",
+                                           "param.base.d_model": 16, "param.base.n_heads": 2}
+    assert arms[(mup, small)]["values"] == arms[(std, small)]["values"]  # at its base µP is the standard model
+    assert arms[(umup, small)]["values"] != arms[(std, small)]["values"]
+    assert {(v["arm"], v["rung"]) for v in rec["verdicts"]} == {(a, r) for a in (mup, umup) for r in (small, top)}
+    md = (d / "study.md").read_text()
+    assert f"{umup}'s grid in its own units: `optim.lr` x 30 = [0.09, 0.3, 0.9]" in md
