@@ -16,7 +16,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from modforge.cli.command import one_line_errors, signal_name, signals_noted  # noqa: E402
 from modforge.config.composition import CONF_DIR  # noqa: E402
-from modforge.config.overrides import HYDRA_INFO_FLAGS  # noqa: E402
+from modforge.config.overrides import HYDRA_INFO_FLAGS, check_modes  # noqa: E402
 
 
 def main(argv: Optional[list] = None) -> None:
@@ -87,6 +87,7 @@ def before_hydra(argv: list) -> tuple:
     from modforge.sweeps.plan import print_plan
 
     resolvers.forget_claimed()  # a second command in one process (a notebook) gets its own new directory
+    check_modes(argv)
     info = any(a.split("=")[0] in HYDRA_INFO_FLAGS for a in argv)
     cached = manifest.read() if info else None
     if front.answer(argv, cached):  # --help, -sc install=bash: answered here, without Hydra

@@ -205,3 +205,13 @@ def test_a_run_paused_at_a_step_continues_to_the_uninterrupted_runs_result(tmp_p
                       ("pause_at=3", "pause_at=3: pause at a validation step")):
         with pytest.raises(ConfigError, match=says):
             sweep([*base, bad, f"hydra.sweep.dir={tmp_path / 'bad'}"])
+
+
+def test_two_of_hydras_modes_at_once_is_one_line_not_hydras_traceback():
+    """-m with --cfg job (a sweep's config asked for): Hydra raises a ValueError with its traceback; modforge
+    says which two flags, and what to use instead, before Hydra sees the command."""
+    p = run_in_process("modforge.train", Path.cwd(), "-m", "optim.lr=0.1,0.2", "--cfg", "job")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == ["error: --multirun and --cfg: one of --run, --multirun, --cfg, --info, "
+                                             "--shell-completion at a time (to see a sweep's jobs without running "
+                                             "them: -m ... dry_run=true; one job's config: --cfg job without -m)"]

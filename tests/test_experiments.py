@@ -76,3 +76,16 @@ def test_a_saved_study_keeps_its_ended_runs_records_and_nothing_else_and_restore
 
     with pytest.raises(SystemExit, match="not empty; restore into a new directory"):
         st.restore(tmp_path / "a.tar.xz", back)
+
+
+def test_the_committed_decision_accuracy_table_is_what_its_script_writes_from_the_committed_reports():
+    """experiments/results/decision_accuracy.md is generated: a report committed or changed without re-running
+    the script fails here. The same model at a rung (µP at its base) is left out; a flipped verdict counts."""
+    da = _script("decision_accuracy")
+    rows = da.rows()
+    assert (ROOT / "experiments" / "results" / "decision_accuracy.md").read_text() == da.markdown(rows)
+    assert not any(r["study"] == "mup_ladder" and r["rung"].startswith("model.d_model=64,") for r in rows)
+    swiglu = [r for r in rows if r["study"] == "ffn_variants" and r["arm"] == "ffn=swiglu"]
+    assert swiglu and not any(r["same_verdict"] or r["same_sign"] for r in swiglu)  # worse small, better at d96
+    readme = (ROOT / "experiments" / "README.md").read_text()
+    assert "\n".join(da.groups_table(rows)) in readme  # the summary quoted there, line for line

@@ -6,6 +6,20 @@ from typing import Any, Optional
 HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
 
 _NOT_FOR_RANKS = ("hydra.sweep.", "hydra.mode=", "hydra.run.dir=", "hydra.job.name=", "hydra.output_subdir=")
+HYDRA_MODES = {"--run": ("-r", "--run"), "--multirun": ("-m", "--multirun"), "--cfg": ("-c", "--cfg"),
+               "--info": ("-i", "--info"), "--shell-completion": ("-sc", "--shell-completion")}  # one at a time
+
+
+def check_modes(argv: list) -> None:
+    """Hydra runs one mode at a time: two of -r, -m, --cfg, --info, -sc are one line (Hydra's own is a traceback)."""
+    given = [m for m, flags in HYDRA_MODES.items() if any(a.split("=")[0] in flags for a in argv)]
+    if len(given) > 1:
+        from modforge.errors import ConfigError
+
+        raise ConfigError(f"{' and '.join(given)}: one of {', '.join(HYDRA_MODES)} at a time (to see a sweep's "
+                          "jobs without running them: -m ... dry_run=true; one job's config: --cfg job without -m)")
+
+
 HYDRA_INFO_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc",
                     "--version")  # flags that ask Hydra for information: nothing is run
 
