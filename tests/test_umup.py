@@ -206,3 +206,35 @@ def test_built_in_variants_train_under_umup(parts):
     loss.backward()
     opt.step()
     assert torch.isfinite(loss) and all(torch.isfinite(q).all() for q in m.parameters())
+
+
+@pytest.mark.parametrize("decay", ["independent", "coupled"])
+def test_each_parameter_decays_as_the_reference_independently_of_its_rate_and_the_peak(decay):
+    """The step's decay of a parameter, lr_group x wd_group in AdamW: independent (the reference's default): wd,
+    whatever the parameter's lr multiplier and the peak rate; coupled: lr_peak x wd, whatever the multiplier.
+    Decayed groups are the matrices; norms and biases are not decayed. Taking out the division by the peak rate
+    (modforge.components.optim) makes the independent case fail."""
+    from modforge.components.optim import AdamWConfig, adamw
+
+    m, p = make(128, n_heads=4, param={"name": "umup", "decay": decay})
+    lr, wd = 0.25, 0.0005
+    opt = adamw(AdamWConfig(lr=lr, weight_decay=wd), p.groups(m))
+    steps = [g["lr"] * g["weight_decay"] for g in opt.param_groups if g["weight_decay"] > 0]
+    assert len(steps) >= 4 and len({round(g["lr"], 12) for g in opt.param_groups}) >= 4  # several lr multipliers
+    assert steps == pytest.approx([wd if decay == "independent" else lr * wd] * len(steps), rel=1e-9)
+
+
+def test_adamws_usual_decay_under_independent_decay_is_refused_in_one_line_before_any_work():
+    from modforge.config.checks import validate
+    from modforge.config.composition import compose_job, load
+
+    load()
+    base = ["param=umup", "model.tie_embeddings=false"]
+    with pytest.raises(ConfigError, match=r"^optim.weight_decay=0.1 with param=umup: under u-µP's independent decay "
+                                          r"this is the fraction of every weight decayed per step at the peak rate; "
+                                          r"give at most 0.01 .*or param.decay=coupled"):
+        validate(compose_job(base))
+    validate(compose_job(base + ["optim.weight_decay=0.0005"]))
+    validate(compose_job(base + ["param.decay=coupled"]))
+    with pytest.raises(ConfigError, match=r"param.decay='sideways': one of independent, coupled"):
+        validate(compose_job(base + ["param.decay=sideways"]))

@@ -51,6 +51,7 @@ class AdamWConfig(AdamConfig):
 
 
 SCALES = ("lr_scale", "eps_scale", "wd_scale")  # a parametrisation's per-group multipliers (modforge.models.param)
+PER_PEAK = "decay_per_peak"  # a group's flag: its decay is also divided by the peak rate (u-µP's independent decay)
 
 
 def scaled(params) -> list[dict]:
@@ -65,8 +66,8 @@ def scaled(params) -> list[dict]:
 
 def _hyper(g: dict, cfg: AdamConfig, weight_decay: float) -> dict:
     """A group's own lr, eps and weight decay where its multipliers are not 1 (else the optimizer's defaults)."""
-    out = {k: v for k, v in g.items() if k not in SCALES}
-    out["weight_decay"] = out.get("weight_decay", weight_decay) * g["wd_scale"]
+    out = {k: v for k, v in g.items() if k not in SCALES and k != PER_PEAK}
+    out["weight_decay"] = out.get("weight_decay", weight_decay) * g["wd_scale"] / (cfg.lr if g.get(PER_PEAK) else 1.0)
     if g["lr_scale"] != 1.0:
         out["lr"] = cfg.lr * g["lr_scale"]
     if g["eps_scale"] != 1.0:

@@ -18,7 +18,10 @@ rules, for AdamW, with L the blocks of a stack and D = 1/sqrt(L) for every param
   x + (alpha_i / sqrt(L)) f_i(x), alpha_ffn = residual_mult sqrt(2 / (1 + r^2)), alpha_attn = r alpha_ffn
   (the normalisations telescope: prod_{j<i} (1 + tau_j^2) = (L + sum_{j<i} alpha_j^2) / L), which is how it is
   applied here;
-* decay: independent of each parameter's lr scale (x 1 / its lr multiplier).
+* decay: independent (the reference's ``independent_weight_decay``): each parameter decays by
+  wd x lr_t / lr_peak a step, whatever its lr multiplier and the peak rate (``param.decay=independent``, the
+  default: ``optim.weight_decay`` is then the fraction decayed per step at the peak, 1e-4 to 1e-3 being usual);
+  ``param.decay=coupled`` keeps AdamW's lr_t x wd, divided by each parameter's lr multiplier only.
 
 **Stored at µP's scale.** A weight W of unit init whose output is scaled by s and whose Adam step is lr x k is,
 step for step, the weight s W with init sd s and Adam step lr x s k (Adam's update does not change when its
@@ -37,6 +40,7 @@ import torch
 from torch import nn
 
 from modforge.components.attention import Attention
+from modforge.components.optim import PER_PEAK
 from modforge.components.ffn import FFN
 from modforge.models.blocks import Block
 from modforge.models.param import Parametrisation, fan_in, in_stack, on_meta, roles, scaled_groups, stacks
@@ -54,13 +58,32 @@ class UMuPConfig:
     attn_mult: float = 1.0  # scores x attn_mult / d_head (alpha_attn-softmax)
     output_mult: float = 1.0  # logits x output_mult / d_model (alpha_loss-softmax)
     seq_len: Optional[int] = None  # S of attention's output scale (null: model.max_len)
+    decay: str = "independent"  # independent: wd x lr_t / lr_peak a step (the reference); coupled: lr_t x wd
 
     def __post_init__(self):
+        if self.decay not in DECAYS:
+            raise ConfigError(f"param.decay={self.decay!r}: one of {', '.join(DECAYS)} (independent: each "
+                              "parameter decays by optim.weight_decay x lr_t / lr_peak a step, as the reference)")
         for k in ("residual_mult", "residual_attn_ratio", "attn_mult", "output_mult"):
             if not getattr(self, k) > 0:
                 raise ConfigError(f"param.{k}={getattr(self, k)}: must be > 0 (u-µP's multipliers default to 1)")
         if self.seq_len is not None and not (isinstance(self.seq_len, int) and self.seq_len >= 2):
             raise ConfigError(f"param.seq_len={self.seq_len}: a whole number >= 2, or null (model.max_len)")
+
+    def check(self, run: dict) -> list:
+        """Under independent decay optim.weight_decay is a fraction per step: AdamW's usual 0.1 would take a
+        tenth of every weight each step, so a value above MOST_DECAY is refused in one line."""
+        wd = (run.get("optim") or {}).get("weight_decay") or 0.0
+        if self.decay == "independent" and wd > MOST_DECAY:
+            raise ConfigError(f"optim.weight_decay={wd:g} with param=umup: under u-µP's independent decay this is "
+                              "the fraction of every weight decayed per step at the peak rate; give at most "
+                              f"{MOST_DECAY:g} (1e-4 to 1e-3 are usual), or param.decay=coupled for AdamW's lr x "
+                              "weight_decay")
+        return []
+
+
+DECAYS = ("independent", "coupled")
+MOST_DECAY = 0.01  # a fraction per step above this, under independent decay, is AdamW's convention carried over
 
 
 def attention_scale(d_head: int, seq_len: int, causal: bool, mult: float = 1.0) -> float:
@@ -182,10 +205,15 @@ class UMuP(Parametrisation):
                     r.branch_mult = alpha / math.sqrt(L)
 
     def groups(self, root: nn.Module) -> list[dict]:
-        return scaled_groups(root, self.scales, (1.0, 1.0, 1.0), WHO)
+        out = scaled_groups(root, self.scales, (1.0, 1.0, 1.0), WHO)
+        if self.cfg.decay == "independent":
+            for g in out:
+                g[PER_PEAK] = True  # the optimizer divides the decay by the peak rate (modforge.components.optim)
+        return out
 
     def describe(self) -> str:
         c = self.cfg
         return (f"umup: unit-scaled, no base shape; residual_mult {c.residual_mult:g}, attn ratio "
-                f"{c.residual_attn_ratio:g}, attn_mult {c.attn_mult:g}, output_mult {c.output_mult:g}")
+                f"{c.residual_attn_ratio:g}, attn_mult {c.attn_mult:g}, output_mult {c.output_mult:g}; "
+                f"{c.decay} decay")
 
