@@ -225,16 +225,17 @@ def test_each_parameter_decays_as_the_reference_independently_of_its_rate_and_th
 
 
 def test_adamws_usual_decay_under_independent_decay_is_refused_in_one_line_before_any_work():
+    """(The test above checks what each rule does to every group.)"""
     from modforge.config.checks import validate
     from modforge.config.composition import compose_job, load
 
     load()
     base = ["param=umup", "model.tie_embeddings=false"]
+    validate(compose_job(base))  # coupled, the default: AdamW's 0.1 means what it always means
     with pytest.raises(ConfigError, match=r"^optim.weight_decay=0.1 with param=umup: under u-µP's independent decay "
                                           r"this is the fraction of every weight decayed per step at the peak rate; "
                                           r"give at most 0.01 .*or param.decay=coupled"):
-        validate(compose_job(base))
-    validate(compose_job(base + ["optim.weight_decay=0.0005"]))
-    validate(compose_job(base + ["param.decay=coupled"]))
-    with pytest.raises(ConfigError, match=r"param.decay='sideways': one of independent, coupled"):
+        validate(compose_job(base + ["param.decay=independent"]))
+    validate(compose_job(base + ["param.decay=independent", "optim.weight_decay=0.0005"]))
+    with pytest.raises(ConfigError, match=r"param.decay='sideways': one of coupled, independent"):
         validate(compose_job(base + ["param.decay=sideways"]))

@@ -18,10 +18,10 @@ rules, for AdamW, with L the blocks of a stack and D = 1/sqrt(L) for every param
   x + (alpha_i / sqrt(L)) f_i(x), alpha_ffn = residual_mult sqrt(2 / (1 + r^2)), alpha_attn = r alpha_ffn
   (the normalisations telescope: prod_{j<i} (1 + tau_j^2) = (L + sum_{j<i} alpha_j^2) / L), which is how it is
   applied here;
-* decay: independent (the reference's ``independent_weight_decay``): each parameter decays by
-  wd x lr_t / lr_peak a step, whatever its lr multiplier and the peak rate (``param.decay=independent``, the
-  default: ``optim.weight_decay`` is then the fraction decayed per step at the peak, 1e-4 to 1e-3 being usual);
-  ``param.decay=coupled`` keeps AdamW's lr_t x wd, divided by each parameter's lr multiplier only.
+* decay: ``param.decay=coupled`` (the default) keeps AdamW's lr_t x wd, divided by each parameter's lr
+  multiplier; ``independent`` is the reference's ``independent_weight_decay``: each parameter decays by
+  wd x lr_t / lr_peak a step, whatever its lr multiplier and the peak rate (``optim.weight_decay`` is then the
+  fraction decayed per step at the peak, 1e-4 to 1e-3 being usual).
 
 **Stored at µP's scale.** A weight W of unit init whose output is scaled by s and whose Adam step is lr x k is,
 step for step, the weight s W with init sd s and Adam step lr x s k (Adam's update does not change when its
@@ -58,12 +58,13 @@ class UMuPConfig:
     attn_mult: float = 1.0  # scores x attn_mult / d_head (alpha_attn-softmax)
     output_mult: float = 1.0  # logits x output_mult / d_model (alpha_loss-softmax)
     seq_len: Optional[int] = None  # S of attention's output scale (null: model.max_len)
-    decay: str = "independent"  # independent: wd x lr_t / lr_peak a step (the reference); coupled: lr_t x wd
+    decay: str = "coupled"  # coupled: lr_t x wd (AdamW's); independent: wd x lr_t / lr_peak a step (the reference)
 
     def __post_init__(self):
         if self.decay not in DECAYS:
             raise ConfigError(f"param.decay={self.decay!r}: one of {', '.join(DECAYS)} (independent: each "
-                              "parameter decays by optim.weight_decay x lr_t / lr_peak a step, as the reference)")
+                              "parameter decays by optim.weight_decay x lr_t / lr_peak a step, as the reference; "
+                              "coupled: AdamW's lr_t x weight_decay)")
         for k in ("residual_mult", "residual_attn_ratio", "attn_mult", "output_mult"):
             if not getattr(self, k) > 0:
                 raise ConfigError(f"param.{k}={getattr(self, k)}: must be > 0 (u-µP's multipliers default to 1)")
@@ -77,12 +78,12 @@ class UMuPConfig:
         if self.decay == "independent" and wd > MOST_DECAY:
             raise ConfigError(f"optim.weight_decay={wd:g} with param=umup: under u-µP's independent decay this is "
                               "the fraction of every weight decayed per step at the peak rate; give at most "
-                              f"{MOST_DECAY:g} (1e-4 to 1e-3 are usual), or param.decay=coupled for AdamW's lr x "
-                              "weight_decay")
+                              f"{MOST_DECAY:g} (1e-4 to 1e-3 are usual), or param.decay=coupled (the default) for "
+                              "AdamW's lr x weight_decay")
         return []
 
 
-DECAYS = ("independent", "coupled")
+DECAYS = ("coupled", "independent")
 MOST_DECAY = 0.01  # a fraction per step above this, under independent decay, is AdamW's convention carried over
 
 
