@@ -29,6 +29,7 @@ PROFILES = {
     # sqrt(32): the standard parametrisation's 1/sqrt(d_head)
     "mup": {
         "experiment": "mup_ladder", "title": "µP's base, tuned once (stage 0 of mup_ladder)",
+        "arm_name": "param.base.d_model=64,param.base.n_heads=2",
         "arm": {"param.base.d_model": 64, "param.base.n_heads": 2},
         "start": {"optim.lr": 0.00390625, "param.output_mult": 1.0, "param.attn_mult": 32 ** 0.5,
                   "model.init_std": 0.02},
@@ -42,6 +43,7 @@ PROFILES = {
     # near the optimum), each swept x2^-2 ... and the rate (its rates sit near 1: docs/mup.md) before and after
     "umup": {
         "experiment": "mup_ladder_umup", "title": "u-µP's base, tuned once (stage 0 of mup_ladder_umup)",
+        "arm_name": "param=umup",
         "arm": {},
         "start": {"optim.lr": 0.25, "param.output_mult": 1.0, "param.attn_mult": 1.0, "param.residual_mult": 1.0,
                   "param.residual_attn_ratio": 1.0},
@@ -69,11 +71,6 @@ def design():
     return design_of(PROFILE["experiment"], [], block, 2, {"max_steps": cfg.trainer.max_steps})
 
 
-def arm_name() -> str:
-    """The study's arm these runs tune (its runs are named by it)."""
-    return ",".join(f"{k}={v}" for k, v in PROFILE["arm"].items()) or "param=umup"
-
-
 def cells_of(key: str, values: list, current: dict, steps: int) -> list:
     from modforge.studies.design import rung_name
     from modforge.studies.stages import Cell
@@ -83,7 +80,7 @@ def cells_of(key: str, values: list, current: dict, steps: int) -> list:
     for v in values:
         setting = {**current, key: float(f"{v:.6g}")}
         for seed in SEEDS:
-            out.append(Cell(arm_name(), rung_name(BASE), key_of(setting), seed,
+            out.append(Cell(PROFILE["arm_name"], rung_name(BASE), key_of(setting), seed,
                             {**PROFILE["arm"], **BASE, **setting, "trainer.max_steps": steps, "seed": seed}))
     return out
 

@@ -3,6 +3,8 @@ for an override, one sweep job's own command line, the keys a command line sets,
 import re
 from typing import Any, Optional
 
+from modforge.errors import ConfigError
+
 HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
 
 _NOT_FOR_RANKS = ("hydra.sweep.", "hydra.mode=", "hydra.run.dir=", "hydra.job.name=", "hydra.output_subdir=")
@@ -14,8 +16,6 @@ def check_modes(argv: list) -> None:
     """Hydra runs one mode at a time: two of -r, -m, --cfg, --info, -sc are one line (Hydra's own is a traceback)."""
     given = [m for m, flags in HYDRA_MODES.items() if any(a.split("=")[0] in flags for a in argv)]
     if len(given) > 1:
-        from modforge.errors import ConfigError
-
         raise ConfigError(f"{' and '.join(given)}: one of {', '.join(HYDRA_MODES)} at a time (to see a sweep's "
                           "jobs without running them: -m ... dry_run=true; one job's config: --cfg job without -m)")
 

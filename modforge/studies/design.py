@@ -26,9 +26,14 @@ class Design:
     jobs: int = 1
     base: dict = field(default_factory=dict)  # the composed config's max_steps, val_check_interval, eval_at_start
 
+    @property
+    def scales(self) -> dict:
+        """``study.tune.scale``: {arm: {key: factor}} ({} when none is declared)."""
+        return (self.study.get("tune") or {}).get("scale") or {}
+
     def grid_of(self, arm: str) -> dict:
         """The arm's tuning grid: the declared one, each key times the arm's factor in ``study.tune.scale``."""
-        scale = ((self.study.get("tune") or {}).get("scale") or {}).get(arm, {})
+        scale = self.scales.get(arm, {})
         return {k: [float(f"{v * scale[k]:.6g}") if k in scale else v for v in values]
                 for k, values in self.grid.items()}
 
@@ -165,7 +170,7 @@ def design_of(experiment: str, overrides: list, block: Optional[dict], jobs: Opt
     if d.tune_seeds and max(d.tune_seeds) >= seeds["start"]:
         raise ConfigError(f"study.seeds.start={seeds['start']}: the comparison's seeds must be fresh, above every "
                           f"tuning seed (study.tune.seeds={d.tune_seeds}); give study.seeds.start")
-    for arm in (tune.get("scale") or {}):
+    for arm in d.scales:
         if arm not in arms:
             raise ConfigError(f"study.tune.scale: {arm} is not an arm of the study; its arms: {', '.join(arms)}")
     rules = s.get("transfer")

@@ -153,7 +153,7 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
                      + (f"; by successive halving at {halving.schedule(d)['at']} of each run's steps, as few as "
                         f"{plan.share:.0%} of their steps" if halving.schedule(d) else "")
                      + "".join(f"; {a}'s grid x {', '.join(f'{f:g} ({k})' for k, f in keys.items())}"
-                               for a, keys in (d.study["tune"].get("scale") or {}).items())
+                               for a, keys in d.scales.items())
                      + (f"; settings carried up by transfer={d.transfer}" if d.transfer else "")
                      + ("; carried up from the smallest rung: " + ", ".join(f"{a} by {d.transfer_of(a)}" for a in d.arms
                                                                            if d.transfer_of(a)) if per_arm else "")

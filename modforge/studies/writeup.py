@@ -266,7 +266,7 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                      f"{d.tune_seeds}, extended past an edge at most {d.extend} time(s)"
                      + "".join(f"; {a}'s grid in its own units: " + ", ".join(f"`{k}` x {f:g} = {d.grid_of(a)[k]}"
                                                                             for k, f in keys.items())
-                               for a, keys in (d.study["tune"].get("scale") or {}).items())
+                               for a, keys in d.scales.items())
                      + (f"; below a cliff (the next-larger `{d.cliff['key']}` worse by more than {d.cliff['by']:g} or "
                         "failed), the next-smaller is chosen"
                         + (f" if within {d.cliff['within']:g} of the best" if "within" in d.cliff else "")
