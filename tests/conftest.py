@@ -34,6 +34,18 @@ def pytest_configure(config):
                                        "runs commands in process (run_module, run_in_process)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The full product of every option (``exhaustive``: tens of thousands of models once issue 52's options
+    multiply it) runs only when a ``-m`` expression names it (``-m exhaustive``); the default run trains the
+    covering array of every pair of options instead."""
+    if "exhaustive" in (config.option.markexpr or ""):
+        return
+    kept = [i for i in items if i.get_closest_marker("exhaustive") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("exhaustive") is not None])
+        items[:] = kept
+
+
 def interpreter(args) -> bool:
     """Whether a Popen's ``args`` start a Python interpreter."""
     first = args if isinstance(args, (str, bytes)) else (list(args)[:1] or [""])[0]

@@ -11,7 +11,7 @@ from modforge.config import compose
 from modforge.config.composition import to_plain
 from modforge.models.blocks import Parts
 
-PART_KINDS = ("norm", "residual", "ffn", "pos", "attention")
+PART_KINDS = ("norm", "residual", "ffn", "pos", "attention", "logits")
 
 
 def builtin(kind: str) -> list:
@@ -33,6 +33,19 @@ def test_the_model_compiles_without_graph_breaks(combo):
     model = registry.build("model", plain["model"], Parts.from_config(plain), 70).train()
     x = torch.randint(0, 70, (2, 16))
     explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("options", [
+    ["attention.qk_norm=rms", "attention.gate=true", "attention.logit_cap=5"],
+    ["attention=gqa", "attention.n_kv_heads=2", "attention.window=3", "attention.global_every=2",
+     "attention.qk_norm=rms", "attention.qk_norm_scope=full"],
+], ids=["qk_norm,gate,logit_cap", "gqa,window,global_every,qk_norm_full"])
+def test_the_attention_options_compile_without_graph_breaks(options):
+    plain = to_plain(compose(options + tiny_overrides()))
+    model = registry.build("model", plain["model"], Parts.from_config(plain), 70).train()
+    explained = torch._dynamo.explain(model)(torch.randint(0, 70, (2, 16)))
     assert explained.graph_break_count == 0, explained.break_reasons
     torch._dynamo.reset()
 

@@ -23,7 +23,11 @@ REFERENCE_TESTS = {
              "batch": "test_norms::test_batch_matches_batchnorm1d_on_unpadded_tokens",
              "batch_causal": "test_norms::test_causal_batch_norm_sees_no_later_token_and_matches_batch_norm_at_the_last_position"},
     "residual": {"post": "test_models::test_block_matches_torch_encoder_layer",
-                 "pre": "test_models::test_block_matches_torch_encoder_layer"},
+                 "pre": "test_models::test_block_matches_torch_encoder_layer",
+                 "sandwich": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch",
+                 "reordered": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch"},
+    "logits": {"plain": "test_modern_variants::test_soft_capped_logits_match_the_formula_and_stay_inside_the_cap",
+               "softcap": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch"},
     "activation": {n: "test_activations_ffn::test_activation_matches_formula"
                    for n in ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "leaky_relu")},
     "ffn": {**{n: "test_activations_ffn::test_mlp_ffn_formula" for n in ("relu", "gelu", "mlp")},

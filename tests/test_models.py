@@ -126,7 +126,21 @@ def test_encoder_decoder_source_padding_does_not_change_outputs():
 
 
 PART_KINDS = registry.part_kinds()
-COMBINATIONS = list(itertools.product(registered("model"), *(registered(k) for k in PART_KINDS)))
+# issue 52's attention options (keys every attention takes), as values of the attention column beside the
+# registered attentions, so that each meets every option of every other kind
+ATTENTION_OPTIONS = {
+    "mha+qk_norm_head+gate": {"name": "mha", "qk_norm": "rms", "gate": True},
+    "gqa+qk_norm_full+logit_cap": {"name": "gqa", "n_kv_heads": 1, "qk_norm": "layer", "qk_norm_scope": "full",
+                                   "logit_cap": 5.0},
+    "mha+window+global_every": {"name": "mha", "window": 3, "global_every": 2},
+}
+
+
+def column(kind: str) -> list:
+    return registered(kind) + (list(ATTENTION_OPTIONS) if kind == "attention" else [])
+
+
+COMBINATIONS = list(itertools.product(registered("model"), *(column(k) for k in PART_KINDS)))
 
 
 def pairs_of(row: tuple) -> set:
@@ -177,7 +191,7 @@ def train_one_step_each(combos) -> None:
     mask[2, 6:] = False  # one padded row exercises the padding paths
     for combo in combos:
         arch = combo[0]
-        parts = dict(zip(PART_KINDS, combo[1:]))
+        parts = {k: ATTENTION_OPTIONS.get(v, v) if k == "attention" else v for k, v in zip(PART_KINDS, combo[1:])}
         m = make(arch, **parts).train()
         with torch.no_grad():  # biases off their zero init: with zero biases a ReLU FFN is scale-equivariant, so a
             for p in m.parameters():  # scale-invariant norm before it (the plugin's ScaleNorm, Post-LN) gets an

@@ -128,25 +128,30 @@ def test_converted_model_gives_hugging_faces_logits_with_padding(hf_dirs, tmp_pa
     hf.float()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_cached_decoding_equals_hugging_faces_cached_forward(hf_dirs, converted, family):
-    _, hf = hf_dirs[family]
-    task = load_checkpoint(str(converted[family]))
-    idx, mask = padded_batch(task.tokenizer, TEXTS)
-    stepper = Stepper(task.model, idx, prefix_mask=mask)
+def cached_decoding_matches(hf, model, idx, mask, steps=5) -> Stepper:
+    """Our cached greedy decoding of a left-padded batch, step by step, against HF's forward with its cache."""
+    stepper = Stepper(model, idx, prefix_mask=mask)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         out = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions, use_cache=True)
         ours = stepper.start()
         torch.testing.assert_close(ours, out.logits[:, -1], rtol=0, atol=1e-5)
         past, am, pos = out.past_key_values, mask.long(), positions[:, -1:]
-        for step in range(5):
+        for step in range(steps):
             nxt = ours.argmax(-1)
             am, pos = torch.cat([am, am.new_ones(len(am), 1)], 1), pos + 1
             out = hf(input_ids=nxt[:, None], attention_mask=am, position_ids=pos, past_key_values=past, use_cache=True)
             past = out.past_key_values
             ours = stepper.step(nxt)
             torch.testing.assert_close(ours, out.logits[:, -1], rtol=0, atol=1e-5, msg=f"step {step}")
+    return stepper
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_cached_decoding_equals_hugging_faces_cached_forward(hf_dirs, converted, family):
+    _, hf = hf_dirs[family]
+    task = load_checkpoint(str(converted[family]))
+    cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -285,11 +290,10 @@ def test_the_command_line_check_builds_on_the_init_from_architecture(converted, 
         preflight(ok[:-1] + ["data.max_len=100"], False)
 
 
-def test_mistral_converts_as_llama_with_its_head_dim_and_refuses_a_short_sliding_window(tmp_path, capsys):
+def test_mistral_converts_as_llama_with_its_head_dim_and_its_sliding_window(tmp_path):
     """A Mistral checkpoint (one key/value head, head_dim 16 apart from d_model / n_heads = 8) gives HF's
-    logits on a left-padded batch; v0.1's sliding window shorter than the positions is refused in one line."""
-    from modforge.convert import main as convert_main
-
+    logits on a left-padded batch; v0.1's sliding window shorter than the positions converts as attention.window
+    (its logits against HF's: tests/test_modern_variants.py)."""
     torch.manual_seed(0)
     tok = bpe_tokenizer(["<unk>", "<s>", "</s>"])
     kw = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -305,12 +309,9 @@ def test_mistral_converts_as_llama_with_its_head_dim_and_refuses_a_short_sliding
         got = task.model(idx, mask=mask, positions=positions)
         want = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions).logits
     assert (got - want).abs()[mask].max() < 1e-5
-    save(transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=16, **kw)), tok, tmp_path / "v01")
-    capsys.readouterr()  # HF's progress bars
-    with pytest.raises(SystemExit):
-        convert_main([f"hf={tmp_path / 'v01'}", f"out={tmp_path / 'o.ckpt'}"])
-    err = capsys.readouterr().err
-    assert "sliding_window=16 is not supported" in err and len(err.strip().splitlines()) == 1
+    v01 = save(transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=16, **kw)), tok,
+               tmp_path / "v01")
+    assert "attention.window=16" in convert(v01, tmp_path / "o.ckpt")[1]["overrides"]
 
 
 def test_convert_refuses_damaged_directories_in_one_line_and_never_writes_over_its_input(hf_dirs, tmp_path, capsys):

@@ -23,9 +23,12 @@ class Norm(nn.Module):
     KV cache, which runs one position at a time, would change it): decoding then recomputes the prefix.
     ``mixes_batch``: a norm whose output for a sequence depends on the other sequences of its batch at eval (so
     eval results depend on how the batch is made up).
+    ``per_token``: its output at a token depends on that token alone, in training too (so it may normalise any
+    tensor whose last dimension is its width, such as attention's queries and keys: ``attention.qk_norm``).
     """
     mixes_positions = False
     mixes_batch = False
+    per_token = True
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise NotImplementedError
@@ -158,6 +161,8 @@ class MaskedBatchNorm(Norm):
     token's normalisation depends (weakly) on later tokens of the batch. Eval
     uses running statistics and is strictly causal.
     """
+
+    per_token = False  # training normalises by the batch's statistics
 
     param_roles = {"weight": "vector", "bias": "vector"}  # gains and shifts along the width (modforge.models.param)
 

@@ -4,11 +4,16 @@
   default (``residual.final_norm=true`` adds one, as ``torch.nn.Transformer`` has).
 * ``pre``  -- x <- x + F(N(x)) (Pre-LN, GPT-2 onwards); the stack ends with one
   final norm, because the residual stream itself is never normalised.
+* ``sandwich`` -- x <- x + N2(F(N1(x))): a norm before and one after the sub-layer (Ding et al. 2021,
+  CogView's Sandwich-LN; Gemma 2's pre- and post-norms; Kim et al. 2025's Peri-LN), and a final norm.
+* ``reordered`` -- x <- x + N(F(x)): the norm on the sub-layer's output only (OLMo 2, "reordered norm"; Liu et
+  al. 2022, Swin V2's res-post-norm), and a final norm.
 
 Each style's ``final_norm`` option says whether the stack ends with a norm, and the
 stack asks the built residual for it; nothing compares names.
 Dropout is applied to F's output before the addition (the paper's residual dropout).
 """
+import copy
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -66,4 +71,39 @@ class PreNorm(Residual):
 
     def forward(self, x, sublayer, mask=None):
         y = sublayer(self.norm(x, mask))
+        return x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)
+
+
+@register("residual", "sandwich")
+class SandwichNorm(Residual):
+    """x <- x + N2(F(N1(x))), plus a final norm after the stack"""
+
+    @dataclass
+    class Config:
+        final_norm: bool = True
+
+    scales_branch = True
+    pre_norm = True
+
+    def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
+        super().__init__(cfg, norm, dropout)
+        self.post = copy.deepcopy(norm)  # a second norm of the same kind and settings, with its own parameters
+
+    def forward(self, x, sublayer, mask=None):
+        y = self.post(sublayer(self.norm(x, mask)), mask)
+        return x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)
+
+
+@register("residual", "reordered")
+class ReorderedNorm(Residual):
+    """x <- x + N(F(x)), plus a final norm after the stack"""
+
+    @dataclass
+    class Config:
+        final_norm: bool = True
+
+    scales_branch = True
+
+    def forward(self, x, sublayer, mask=None):
+        y = self.norm(sublayer(x), mask)
         return x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)

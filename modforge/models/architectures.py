@@ -11,7 +11,7 @@ from torch import nn
 
 from modforge.components.positions import PositionalScheme
 from modforge.models.blocks import Embedder, Parts, Stack, head_dim_kw, init_weights
-from modforge.registry import ConfigError, build, register
+from modforge.registry import ConfigError, build, kind, register
 
 
 @dataclass
@@ -95,11 +95,14 @@ class Model(nn.Module):
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.head_transform = HeadTransform(cfg, parts) if cfg.head_transform else None
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=cfg.head_bias)
+        self.logit_map = build("logits", parts.logits if parts is not None else kind("logits").default)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (B, T, d_model) -> logits (B, T, V): the head transform if any, then the projection."""
+        """Hidden states (B, T, d_model) -> logits (B, T, V): the head transform if any, the projection, then the
+        ``logits`` part (soft-capping ...)."""
         h = self.head_transform(h) if self.head_transform is not None else h
-        return self.head(h * self.readout_mult if self.readout_mult != 1.0 else h)
+        z = self.head(h * self.readout_mult if self.readout_mult != 1.0 else h)
+        return z if self.logit_map.identity else self.logit_map(z)
 
     def _finish(self, n_layers: int) -> None:
         self.init_layers = n_layers if self.cfg.scaled_residual_init else 0

@@ -100,6 +100,10 @@ class Stack(nn.Module):
             Block(parts, d_model, n_heads, d_ff, dropout, causal=causal, cross=cross, head_dim=head_dim)
             for _ in range(n_layers)
         )
+        for i, b in enumerate(self.blocks):  # a layer's options may depend on its place (attention.global_every)
+            for attn in (b.self_attn, b.cross_attn):
+                if attn is not None:
+                    attn.layer_index = i
         self.cross = cross
         self.final_norm = build("norm", parts.norm, d_model) if self.blocks[-1].r_ffn.final_norm else None
 

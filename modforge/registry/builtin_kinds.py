@@ -22,6 +22,8 @@ KINDS = (
          "modforge.components.positions:PositionalScheme", default="learned", part=True),
     Kind("attention", "attention (self and cross) and its decoding cache", "modforge.components.attention:Attention",
          default="mha", part=True),
+    Kind("logits", "what the head's scores become, for the loss and for sampling", "modforge.components.logits:Logits",
+         default="plain", part=True),
     Kind("optim", "optimizer: a function (cfg, params) -> torch.optim.Optimizer", default="adamw"),
     Kind("scheduler", "learning-rate schedule: a function (cfg, optimizer, *, d_model, total_steps) -> LR scheduler",
          default="cosine"),

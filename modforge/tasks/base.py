@@ -30,10 +30,13 @@ if TYPE_CHECKING:  # only a type here; importing it would declare the data kinds
 @dataclass
 class TaskConfig:
     label_smoothing: float = 0.0
+    z_loss: float = 0.0  # + z_loss * mean(log Z)^2 over the targets while training (PaLM, OLMo 2: 1e-4); 0: none
 
     def __post_init__(self):
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"task.label_smoothing={self.label_smoothing}: must be in [0, 1)")
+        if not 0.0 <= self.z_loss < 1.0:
+            raise ConfigError(f"task.z_loss={self.z_loss}: must be in [0, 1) (PaLM and OLMo 2: 1e-4; 0: none)")
 
 
 class Task(L.LightningModule):
@@ -110,10 +113,19 @@ class Task(L.LightningModule):
 
     def xent(self, logits: torch.Tensor, target: torch.Tensor, smoothing: Optional[float] = None) -> torch.Tensor:
         """Mean cross-entropy over the targets that are not :data:`IGNORE` (label smoothing as in Szegedy et al.
-        2016)."""
+        2016); while training, plus ``task.z_loss`` times the mean of (log Z)^2 over the same targets, Z the
+        softmax's normaliser (Chowdhery et al. 2022, PaLM §5; Wortsman et al. 2023 §3.1.2), logged as
+        ``train/z_loss``. Validation reports the cross-entropy alone."""
         ls = self.cfg.label_smoothing if smoothing is None else smoothing
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                               ignore_index=IGNORE, label_smoothing=ls)
+        flat, tgt = logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1)
+        loss = F.cross_entropy(flat, tgt, ignore_index=IGNORE, label_smoothing=ls)
+        z_coef = getattr(self.cfg, "z_loss", 0.0)
+        if z_coef and self.training:
+            lse = torch.logsumexp(flat[tgt != IGNORE], -1)
+            z = (lse ** 2).mean() if lse.numel() else lse.sum()
+            self.log("train/z_loss", z.detach())
+            loss = loss + z_coef * z
+        return loss
 
     def log_mean(self, name: str, value: Any, weight: Any, prog_bar: bool = False) -> None:
         """Log ``name`` as the mean of ``value`` over the validation epoch, each value counting ``weight`` (its

@@ -120,6 +120,18 @@ def plain_model_checks(m: dict) -> list:
         (not m.get("head_transform") and not m.get("head_bias"), "a head transform or bias (not in GPT-2 or Llama)"),
     ]
 
+def plain_attention_checks(run: dict) -> list:
+    """What GPT-2's and Llama's layouts cannot hold: the attention options and logits of issue 52."""
+    a, logits = run.get("attention") or {}, run.get("logits") or {}
+    return [
+        (a.get("qk_norm") is None, "attention.qk_norm (not in GPT-2 or Llama; OLMo 2 and Qwen3 convert in)"),
+        (a.get("logit_cap") is None, "attention.logit_cap (not in GPT-2 or Llama)"),
+        (not a.get("gate"), "attention.gate=true (not in GPT-2 or Llama)"),
+        (a.get("window") is None, "attention.window (not in GPT-2 or Llama)"),
+        (logits.get("name", "plain") == "plain", f"logits={logits.get('name')} (not in GPT-2 or Llama)"),
+    ]
+
+
 def specials_of(c: dict, tok_dir: Path) -> tuple[dict, dict]:
     """(ids, names): the special-token ids config.json gives, and the spellings the tokenizer's own files
     (special_tokens_map.json, tokenizer_config.json) give for pad, unk, mask ..."""

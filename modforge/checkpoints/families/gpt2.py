@@ -2,7 +2,7 @@
 projections (HF's ``Conv1D`` stores them transposed), tied head. Converts in and exports back."""
 from typing import Optional
 
-from modforge.checkpoints.families.base import HF_ACTIVATIONS, Family, Taker, need, plain_model_checks
+from modforge.checkpoints.families.base import HF_ACTIVATIONS, Family, Taker, need, plain_attention_checks, plain_model_checks
 
 
 class GPT2(Family):
@@ -55,7 +55,7 @@ class GPT2(Family):
             (run["pos"]["name"] == "learned", f"pos={run['pos']['name']} (GPT-2 has learned positions)"),
             (m.get("tie_embeddings", True), "model.tie_embeddings=false (GPT-2's head is tied)"),
         ]
-        checks += plain_model_checks(m)
+        checks += plain_model_checks(m) + plain_attention_checks(run)
         return next((why for ok, why in checks if not ok), None)
 
     def hf_config(self, run: dict, vocab_size: int, specials: dict) -> dict:

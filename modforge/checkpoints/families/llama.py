@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from modforge.checkpoints.families.base import Family, Taker, need, plain_model_checks
+from modforge.checkpoints.families.base import Family, Taker, need, plain_attention_checks, plain_model_checks
 from modforge.errors import ConfigError
 
 
@@ -15,6 +15,13 @@ class Llama(Family):
     model_type = "llama"
     exportable = True
     SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn")
+    # a block's norms, ours <- theirs (a family that places them elsewhere names its own)
+    NORMS = {"r_self.norm": "input_layernorm", "r_ffn.norm": "post_attention_layernorm"}
+    QK_NORMS = False  # self_attn.q_norm / k_norm tensors (OLMo 2, Qwen3)
+
+    def norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        """A checkpoint's norm gain as modforge's RMSNorm multiplies by it (Gemma stores gain - 1)."""
+        return w
 
     def rope(self, c: dict) -> dict:
         """The RoPE parameters of either config layout (transformers 5's ``rope_parameters``, 4's ``rope_theta``
@@ -73,7 +80,7 @@ class Llama(Family):
 
     def to_ours(self, theirs: dict, c: dict, n_layers: int) -> tuple[dict, list]:
         t = Taker(theirs, ("model.",))
-        s = {"tok.weight": t("embed_tokens.weight"), "decoder.final_norm.weight": t("norm.weight")}
+        s = {"tok.weight": t("embed_tokens.weight"), "decoder.final_norm.weight": self.norm_weight(t("norm.weight"))}
         head = t.optional("lm_head.weight")
         if not c.get("tie_word_embeddings", False):
             if head is None:
@@ -81,8 +88,11 @@ class Llama(Family):
             s["head.weight"] = head
         for i in range(n_layers):
             p, q = f"layers.{i}.", f"decoder.blocks.{i}."
-            s[q + "r_self.norm.weight"] = t(p + "input_layernorm.weight")
-            s[q + "r_ffn.norm.weight"] = t(p + "post_attention_layernorm.weight")
+            for ours, theirs in self.NORMS.items():
+                s[q + ours + ".weight"] = self.norm_weight(t(p + theirs + ".weight"))
+            if self.QK_NORMS:
+                for n in "qk":
+                    s[q + f"self_attn.{n}_norm.weight"] = t(p + f"self_attn.{n}_norm.weight")
             for kind in ("weight", "bias"):
                 parts = [t.optional(p + f"self_attn.{n}_proj.{kind}") for n in "qkv"]
                 if all(x is not None for x in parts):
@@ -111,7 +121,7 @@ class Llama(Family):
             (pos["name"] == "rope" and pos.get("pairing") == "half" and pos.get("fraction", 1.0) == 1.0,
              f"pos={pos['name']} pairing={pos.get('pairing')} (Llama has RoPE in the half pairing, whole heads)"),
         ]
-        checks += plain_model_checks(m)
+        checks += plain_model_checks(m) + plain_attention_checks(run)
         return next((why for ok, why in checks if not ok), None)
 
     def hf_config(self, run: dict, vocab_size: int, specials: dict, ffn_hidden: int = 0) -> dict:
@@ -165,17 +175,14 @@ class Llama(Family):
 
 class Mistral(Llama):
     """Mistral's checkpoints are Llama's architecture with grouped-query attention, under its own ``model_type``,
-    plus sliding-window attention: a window at least as long as the positions (``null``, as in Mistral-7B v0.2
-    and later) changes nothing and converts; a shorter one (v0.1's 4096 of 32768) is refused. A converted
-    Mistral model exports as Llama, which computes the same function."""
+    plus sliding-window attention on every layer (``attention.window``; v0.1's 4096 of 32768): a window at least
+    as long as the positions (``null``, as in Mistral-7B v0.2 and later) is none. A converted Mistral model
+    without a window exports as Llama, which computes the same function."""
 
     model_type = "mistral"
     exportable = False
 
     def overrides(self, c: dict) -> list[str]:
         window, n = c.get("sliding_window"), c["max_position_embeddings"]
-        if window is not None and window < n:
-            raise ConfigError(f"Mistral config.json: sliding_window={window} is not supported (modforge's attention "
-                              f"sees every earlier position; a window of null or >= max_position_embeddings={n} "
-                              "converts, as in Mistral-7B v0.2 and later)")
-        return super().overrides(c)
+        out = super().overrides(c)
+        return out + ([f"attention.window={window}"] if window is not None and window < n else [])

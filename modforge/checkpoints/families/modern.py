@@ -1,0 +1,107 @@
+"""Families built on Llama's layout with issue 52's options (converted in; not exported):
+
+* OLMo 2 (``Olmo2ForCausalLM``): the norm on each sub-layer's output only (``residual=reordered``) and QK-norm
+  over all heads' features at once (``attention.qk_norm_scope=full``), RMSNorm throughout;
+* Qwen3 (``Qwen3ForCausalLM``): Llama with QK-norm over each head's features (``qk_norm_scope=head``), and its
+  sliding window where a config turns it on;
+* Gemma 2 (``Gemma2ForCausalLM``): a norm before and after each sub-layer (``residual=sandwich``), RMSNorm whose
+  checkpoint stores gain - 1, embeddings times sqrt(d_model), tanh-GELU GeGLU, attention soft-capped
+  (``attention.logit_cap``) and windowed on every layer but each second (``attention.window``,
+  ``global_every=2``), final logits soft-capped (``logits=softcap``).
+"""
+from typing import Optional
+
+import torch
+
+from modforge.checkpoints.families.llama import Llama
+from modforge.errors import ConfigError
+
+
+def _set(out: list[str], key: str, value: str) -> list[str]:
+    """``out`` with ``key=...`` replaced by (or, when absent, extended with) ``key=value``."""
+    kept = [o for o in out if not o.startswith(key + "=")]
+    return kept + [f"{key}={value}"]
+
+
+def window_overrides(c: dict, what: str) -> list[str]:
+    """A config's sliding window as ``attention.window`` and ``global_every``: ``layer_types`` must be sliding
+    everywhere but every n-th layer (n, 2n ...), which is global; a window no shorter than the positions is none."""
+    window, n = c.get("sliding_window"), c["max_position_embeddings"]
+    if window is None or window >= n or not c.get("use_sliding_window", True):
+        return []
+    L = c["num_hidden_layers"]
+    types = c.get("layer_types") or ["sliding_attention"] * L
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if any(t not in ("sliding_attention", "full_attention") for t in types) or len(types) != L:
+        raise ConfigError(f"{what} layer_types={types!r}: only sliding_attention and full_attention layers convert")
+    every = full[0] + 1 if full else 0
+    if full and full != list(range(every - 1, L, every)):
+        raise ConfigError(f"{what} layer_types: global layers at {full} are not every n-th layer, the one pattern "
+                          "attention.global_every expresses")
+    if not full and types.count("sliding_attention") != L:
+        raise ConfigError(f"{what} layer_types={types!r} is not supported")
+    return [f"attention.window={window}"] + ([f"attention.global_every={every}"] if every else [])
+
+
+class Olmo2(Llama):
+    model_type = "olmo2"
+    exportable = False
+    NORMS = {"r_self.norm": "post_attention_layernorm", "r_ffn.norm": "post_feedforward_layernorm"}
+    QK_NORMS = True
+
+    def overrides(self, c: dict) -> list[str]:
+        out = super().overrides(c)
+        eps = c.get("rms_norm_eps", 1e-6)
+        out = _set(out, "residual", "reordered")
+        return out + [f"attention.qk_norm={{name:rms,eps:{eps}}}", "attention.qk_norm_scope=full"]
+
+    def mismatch(self, run: dict) -> Optional[str]:
+        return "modforge exports OLMo 2 models as nothing yet (they convert in)"
+
+
+class Qwen3(Llama):
+    model_type = "qwen3"
+    exportable = False
+    QK_NORMS = True
+
+    def overrides(self, c: dict) -> list[str]:
+        out = super().overrides(c)
+        eps = c.get("rms_norm_eps", 1e-6)
+        return out + [f"attention.qk_norm={{name:rms,eps:{eps}}}", "attention.qk_norm_scope=head"] + \
+            window_overrides(c, "Qwen3 config.json:")
+
+    def mismatch(self, run: dict) -> Optional[str]:
+        return "modforge exports Qwen3 models as nothing yet (they convert in)"
+
+
+class Gemma2(Llama):
+    model_type = "gemma2"
+    exportable = False
+    NORMS = {"r_self.norm": "input_layernorm", "r_self.post": "post_attention_layernorm",
+             "r_ffn.norm": "pre_feedforward_layernorm", "r_ffn.post": "post_feedforward_layernorm"}
+
+    def norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w.float().add(1.0).to(w.dtype)  # Gemma's RMSNorm multiplies by (1 + weight), in float32
+
+    def overrides(self, c: dict) -> list[str]:
+        what = "Gemma2 config.json:"
+        act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ConfigError(f"{what} hidden_activation={act!r} is not supported (supported: 'gelu_pytorch_tanh')")
+        hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        scalar = c.get("query_pre_attn_scalar", hd)
+        if scalar != hd:
+            raise ConfigError(f"{what} query_pre_attn_scalar={scalar} is not supported (modforge scales scores by "
+                              f"1/sqrt(head_dim); supported: {hd}, the head_dim)")
+        out = super().overrides({**c, "hidden_act": "silu", "pretraining_tp": 1})
+        out = _set(out, "residual", "sandwich")
+        out = _set(out, "ffn", "geglu") + ["ffn.activation=gelu_tanh"]
+        out = _set(out, "model.tie_embeddings", "true") + ["model.scale_embeddings=true"]
+        if c.get("attn_logit_softcapping") is not None:
+            out.append(f"attention.logit_cap={c['attn_logit_softcapping']}")
+        if c.get("final_logit_softcapping") is not None:
+            out += ["logits=softcap", f"logits.cap={c['final_logit_softcapping']}"]
+        return out + window_overrides(c, what)
+
+    def mismatch(self, run: dict) -> Optional[str]:
+        return "modforge exports Gemma 2 models as nothing yet (they convert in)"

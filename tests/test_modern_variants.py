@@ -1,0 +1,259 @@
+"""Issue 52's stability fixes and attention options, each against a reference: the paper's formula written here
+independently of modforge's code, and Hugging Face's OLMo 2, Qwen3, Gemma 2 and Mistral with copied weights
+(forward on a left-padded batch and cached decoding step by step)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modforge.components.attention import WindowKVCache
+from modforge.config import compose
+from modforge.models.blocks import Parts
+from modforge.registry import ConfigError, build
+
+transformers = pytest.importorskip("transformers")
+
+from test_pretrained import TEXTS, bpe_tokenizer, cached_decoding_matches, padded_batch, save  # noqa: E402
+
+from modforge.checkpoints import load_checkpoint  # noqa: E402
+from modforge.convert import convert  # noqa: E402
+from modforge.models.decoding import Stepper, decode  # noqa: E402
+
+
+def rms(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def reference(attn, x, *, causal=True, q_norm=None, k_norm=None, cap=None, window=None, gate=None, kv_heads=None):
+    """Attention written from the papers, on the module's own weights: projections; QK-norm (``head``: over each
+    head's features, ``full``: over all heads' at once); scores q k^T / sqrt(d); soft-cap; causal and window
+    masks; softmax; values; the gate sigmoid(x W_g); the output projection."""
+    B, T, C = x.shape
+    H, D = attn.n_heads, attn.d_head
+    Hkv = kv_heads or H
+    q, k, v = F.linear(x, attn.qkv.weight, attn.qkv.bias).split([H * D, Hkv * D, Hkv * D], -1)
+    if q_norm == "full":
+        q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+    q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))
+    if q_norm == "head":
+        q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+    k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if cap is not None:
+        s = cap * torch.tanh(s / cap)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = torch.ones(T, T, dtype=torch.bool)
+    if causal:
+        allowed &= j <= i
+    if window is not None:
+        allowed &= (i - j < window) if causal else ((i - j).abs() < window)
+    y = s.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+    y = y.transpose(1, 2).reshape(B, T, H * D)
+    if gate is not None:
+        y = y * torch.sigmoid(F.linear(x, attn.gate.weight, attn.gate.bias))
+    return attn.out(y)
+
+
+def randomise(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p.dim() == 1 and "norm" in repr(p) else 0.0))
+    return module
+
+
+@pytest.mark.parametrize("name,kv", [("mha", None), ("gqa", 2)])
+@pytest.mark.parametrize("scope", ["head", "full"])
+def test_qk_norm_matches_the_formula_in_both_scopes(name, kv, scope):
+    torch.manual_seed(0)
+    cfg = {"name": name, "qk_norm": "rms", "qk_norm_scope": scope, **({"n_kv_heads": kv} if kv else {})}
+    attn = randomise(build("attention", cfg, 32, 4))
+    expected_width = attn.d_head if scope == "head" else 4 * attn.d_head
+    assert attn.q_norm.weight.shape == (expected_width,)
+    x = torch.randn(2, 7, 32)
+    torch.testing.assert_close(attn(x, causal=True), reference(attn, x, q_norm=scope, kv_heads=kv),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_soft_capped_scores_match_the_formula_and_a_far_cap_is_plain_attention():
+    torch.manual_seed(0)
+    attn = randomise(build("attention", {"name": "gqa", "n_kv_heads": 2, "logit_cap": 2.0}, 32, 4))
+    x = torch.randn(2, 7, 32) * 2
+    got = attn(x, causal=True)
+    torch.testing.assert_close(got, reference(attn, x, cap=2.0, kv_heads=2), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, reference(attn, x, kv_heads=2), atol=1e-3)  # the cap binds at these scores
+    far = build("attention", {"name": "mha", "logit_cap": 1e6}, 32, 4)
+    plain = build("attention", "mha", 32, 4)
+    plain.load_state_dict(far.state_dict())
+    torch.testing.assert_close(far(x, causal=True), plain(x, causal=True), rtol=1e-5, atol=1e-5)
+
+
+def test_gated_attention_matches_the_formula():
+    torch.manual_seed(0)
+    attn = randomise(build("attention", {"name": "mha", "gate": True}, 32, 4))
+    x = torch.randn(2, 7, 32)
+    torch.testing.assert_close(attn(x, causal=True), reference(attn, x, gate=True), rtol=1e-5, atol=1e-5)
+    assert attn.flops(7, 7) - build("attention", "mha", 32, 4).flops(7, 7) == 2 * 7 * 32 * 32  # x W_g counted
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window_matches_the_explicit_mask(causal):
+    torch.manual_seed(0)
+    attn = randomise(build("attention", {"name": "mha", "window": 3}, 32, 4))
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(attn(x, causal=causal), reference(attn, x, causal=causal, window=3),
+                               rtol=1e-5, atol=1e-5)
+
+
+def model(**parts):
+    plain = compose([f"{k}={v}" for k, v in parts.items()] + ["model.d_model=32", "model.n_heads=4",
+                                                                "model.n_layers=4", "model.max_len=64"])
+    from modforge.config.composition import to_plain
+
+    plain = to_plain(plain)
+    return build("model", plain["model"], Parts.from_config(plain), 50)
+
+
+def test_global_every_keeps_every_nth_layer_global_and_windowed_layers_decode_with_a_bounded_cache():
+    torch.manual_seed(0)
+    m = model(**{"attention.window": 4, "attention.global_every": 2}).eval()
+    flags = [b.self_attn.windowed for b in m.decoder.blocks]
+    assert flags == [True, False, True, False]  # Gemma 2: layer 0 slides, layer 1 is global ...
+    caches = m.new_cache()
+    assert [type(c["self"]).__name__ for c in caches] == ["WindowKVCache", "KVCache"] * 2
+    idx = torch.randint(5, 50, (2, 6))
+    stepper = Stepper(m, idx)
+    tokens = decode(stepper, 20)
+    held = [c["self"].k.shape[2] for c in stepper.cache if isinstance(c["self"], WindowKVCache)]
+    assert held == [3, 3]  # window - 1 positions, after 26 decoded
+    plain = decode(Stepper(m, idx, use_cache=False), 20)
+    assert torch.equal(tokens, plain)
+
+
+def test_sandwich_and_reordered_residuals_match_their_formulas():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    f = torch.nn.Linear(16, 16)
+    for name, formula in (("sandwich", lambda r: x + r.post(f(r.norm(x)))), ("reordered", lambda r: x + r.norm(f(x)))):
+        r = randomise(build("residual", name, build("norm", "rms", 16), 0.0))
+        assert r.final_norm
+        torch.testing.assert_close(r(x, f), formula(r))
+    sandwich = build("residual", "sandwich", build("norm", "rms", 16), 0.0)
+    assert sandwich.post is not sandwich.norm and sandwich.post.weight is not sandwich.norm.weight
+
+
+def test_soft_capped_logits_match_the_formula_and_stay_inside_the_cap():
+    torch.manual_seed(0)
+    m, plain = model(logits="softcap", **{"logits.cap": 2.0}), model()
+    plain.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(20)
+        plain.load_state_dict(m.state_dict())
+        idx = torch.randint(5, 50, (2, 6))
+        z, raw = m(idx), plain(idx)
+    torch.testing.assert_close(z, 2.0 * torch.tanh(raw / 2.0))
+    assert z.abs().max() <= 2.0 < raw.abs().max()  # (tanh rounds to 1 in float32 far out)
+
+
+def test_z_loss_adds_the_papers_term_while_training_and_not_to_validation(tmp_path):
+    from modforge.tasks.base import Task
+
+    class Cfg:
+        label_smoothing, z_loss = 0.0, 1e-2
+
+    task = Task.__new__(Task)
+    torch.nn.Module.__init__(task)
+    task.cfg = Cfg()
+    task.log = lambda *a, **k: None
+    logits = torch.randn(2, 5, 11) * 3
+    target = torch.randint(0, 11, (2, 5))
+    target[1, 3:] = -100
+    ce = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), ignore_index=-100)
+    keep = target.reshape(-1) != -100
+    z = torch.logsumexp(logits.reshape(-1, 11)[keep], -1).pow(2).mean()
+    task.train()
+    torch.testing.assert_close(task.xent(logits, target), ce + 1e-2 * z)
+    task.eval()
+    torch.testing.assert_close(task.xent(logits, target), ce)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("attention.qk_norm=batch", "attention.qk_norm=batch"),
+    ("attention.qk_norm=rmz", "attention.qk_norm='rmz'"),
+    ("attention.qk_norm_scope=token", "attention.qk_norm_scope='token'"),
+    ("attention.logit_cap=-1", "attention.logit_cap=-1"),
+    ("attention.window=0", "attention.window=0"),
+    ("attention.global_every=2", "attention.global_every=2"),
+    ("logits=softcap logits.cap=0", "logits.cap=0"),
+    ("task.z_loss=-0.1", "task.z_loss=-0.1"),
+])
+def test_bad_values_are_one_line_naming_the_key(override, key):
+    from modforge.cli.preflight import preflight
+
+    with pytest.raises(ConfigError) as e:
+        preflight(override.split(), False)
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- Hugging Face, weights copied
+
+
+def hf_models(tmp_path):
+    torch.manual_seed(0)
+    tok = bpe_tokenizer(["<unk>", "<s>", "</s>"])
+    kw = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0, initializer_range=0.2)
+    gemma = transformers.Gemma2Config(head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
+                                      attn_logit_softcapping=1.5, final_logit_softcapping=3.0, **kw)
+    qwen = transformers.Qwen3Config(head_dim=8, use_sliding_window=True, sliding_window=5, max_window_layers=0,
+                                    layer_types=["sliding_attention"] * 4, **kw)
+    return tok, {
+        "olmo2": transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**kw)),
+        "qwen3": transformers.Qwen3ForCausalLM(qwen),
+        "gemma2": transformers.Gemma2ForCausalLM(gemma),
+        "mistral": transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=4, **kw)),
+    }
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    root = tmp_path_factory.mktemp("modern")
+    tok, models = hf_models(root)
+    out = {}
+    for name, hf in models.items():
+        with torch.no_grad():  # norm gains and biases off their init, so that a gain read wrongly shows
+            for n, p in hf.named_parameters():
+                if "norm" in n:
+                    p.add_(torch.randn_like(p) * 0.3)
+        d = save(hf.eval(), tok, root / name)
+        out[name] = (convert(d, root / f"{name}.ckpt"), hf)
+    return out
+
+
+@pytest.mark.parametrize("family", ["olmo2", "qwen3", "gemma2", "mistral"])
+def test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch(families, family):
+    (path, summary), hf = families[family]
+    want_options = {"olmo2": ["residual=reordered", "attention.qk_norm_scope=full"],
+                    "qwen3": ["attention.qk_norm_scope=head", "attention.window=5"],
+                    "gemma2": ["residual=sandwich", "attention.logit_cap=1.5", "logits=softcap",
+                               "attention.window=4", "attention.global_every=2", "model.scale_embeddings=true"],
+                    "mistral": ["attention.window=4"]}[family]
+    assert set(want_options) <= set(summary["overrides"])
+    task = load_checkpoint(str(path))
+    idx, mask = padded_batch(task.tokenizer, TEXTS)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        got = task.model(idx, mask=mask, positions=positions)
+        want = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions).logits
+    assert (got - want).abs()[mask].max() < 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_windowed_cached_decoding_equals_hugging_faces_cached_forward(families, family):
+    (path, _), hf = families[family]
+    task = load_checkpoint(str(path))
+    stepper = cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS[:2]), steps=8)
+    windows = [c["self"] for c in stepper.cache if isinstance(c["self"], WindowKVCache)]
+    assert windows and all(c.k.shape[2] == c.window - 1 for c in windows)
