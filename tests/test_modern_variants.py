@@ -257,3 +257,79 @@ def test_windowed_cached_decoding_equals_hugging_faces_cached_forward(families, 
     stepper = cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS[:2]), steps=8)
     windows = [c["self"] for c in stepper.cache if isinstance(c["self"], WindowKVCache)]
     assert windows and all(c.k.shape[2] == c.window - 1 for c in windows)
+
+
+# --------------------------------------------------------------------------- optimizers and schedules
+
+
+def test_muon_is_torchs_muon_on_the_blocks_matrices_and_adamw_on_the_rest_and_its_state_restores_exactly():
+    import copy
+
+    from modforge.tasks.base import role_groups
+
+    torch.manual_seed(0)
+    m = model(residual="sandwich", **{"attention.qk_norm": "rms", "attention.gate": True})
+    ref = copy.deepcopy(m)
+    x = torch.randint(5, 50, (2, 8))
+
+    def step(net, opt):
+        opt.zero_grad()
+        net(x).float().logsumexp(-1).mean().backward()
+        opt.step()
+
+    ours = build("optim", {"name": "muon", "lr": 0.01, "weight_decay": 0.1}, role_groups(m))
+    # the reference, chosen by module type, not by roles: every Linear weight inside the blocks is Muon's
+    inside = {id(mod.weight) for name, mod in ref.named_modules()
+              if isinstance(mod, torch.nn.Linear) and name.startswith("decoder.blocks.")}
+    params = list(ref.parameters())
+    muon = torch.optim.Muon([p for p in params if id(p) in inside], lr=0.01, weight_decay=0.1,
+                            adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW([{"params": [p for p in params if id(p) not in inside and p.dim() >= 2]},
+                               {"params": [p for p in params if id(p) not in inside and p.dim() < 2],
+                                "weight_decay": 0.0}], lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
+    assert len(ours.muon.param_groups[0]["params"]) == len(inside) == 4 * 5  # 4 layers: qkv, out, gate, w1, w2
+    for _ in range(3):
+        step(m, ours)
+        ref.zero_grad()
+        ref(x).float().logsumexp(-1).mean().backward()
+        muon.step()
+        adamw.step()
+    for (name, a), b in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    saved = copy.deepcopy(ours.state_dict())
+    again = copy.deepcopy(m)
+    restored = build("optim", {"name": "muon", "lr": 0.01, "weight_decay": 0.1}, role_groups(again))
+    restored.load_state_dict(saved)
+    step(m, ours)
+    step(again, restored)
+    for a, b in zip(m.parameters(), again.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_wsd_is_warmup_stable_then_the_papers_cooldown_and_budgets_share_their_run_up_to_the_decay():
+    from modforge.components.optim import wsd
+
+    def factors(total, **kw):
+        cfg = {"name": "wsd", "warmup_steps": 10, "decay_steps": 20, **kw}
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = build("scheduler", cfg, opt, d_model=1, total_steps=total)
+        out = []
+        for _ in range(total + 2):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    got = factors(100)
+    # Hägele et al. 2024: linear warm-up, constant, then 1 - sqrt((n - N_0) / N_decay) over the last N_decay steps
+    for n in (0, 9):
+        assert got[n] == pytest.approx((n + 1) / 11)
+    assert got[10] == got[79] == 1.0
+    for n in (80, 85, 90, 99):
+        assert got[n] == pytest.approx(1 - math.sqrt((n - 80) / 20))
+    assert got[100] == 0.0
+    longer = factors(200)
+    assert longer[:180] == got[:10] + [1.0] * 170  # a longer budget is the same run until its own decay
+    lin = factors(100, decay_shape="linear", min_lr_ratio=0.1)
+    assert lin[90] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert callable(wsd)

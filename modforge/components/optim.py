@@ -11,6 +11,10 @@ per optimizer step (step counted from 1), and built by
 * ``cosine``   -- linear warm-up to lr over ``warmup_steps``, cosine decay to
   ``min_lr_ratio * lr`` at ``total_steps`` (nanoGPT), flat afterwards.
 * ``constant`` -- optional linear warm-up, then constant.
+* ``wsd``      -- warmup-stable-decay: linear warm-up, constant, then a decay to ``min_lr_ratio * lr`` over
+  the last ``decay_steps`` (or ``decay_fraction`` of the run), shaped ``linear``, ``sqrt`` (1 - sqrt(p),
+  Hägele et al. 2024's best) or ``cosine`` (Hu et al. 2024, MiniCPM; Hägele et al. 2024). With ``decay_steps``
+  set, every budget's run is the same up to its decay, so one run's checkpoints give several budgets.
 """
 import math
 from dataclasses import dataclass, field
@@ -178,6 +182,48 @@ class ConstantConfig:
         return warmup_note(self.warmup_steps, run)
 
 
+@dataclass
+class WSDConfig:
+    warmup_steps: int = 100
+    decay_steps: Optional[int] = None  # the decay's length in steps; null: decay_fraction of the run
+    decay_fraction: float = 0.2  # Hägele et al. 2024: 20% cooldown
+    decay_shape: str = "sqrt"  # linear | sqrt (1 - sqrt(p)) | cosine
+    min_lr_ratio: float = 0.0
+    total_steps: Optional[int] = None  # None: the trainer's max_steps
+
+    def __post_init__(self):
+        if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0 or not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"scheduler.warmup_steps={self.warmup_steps}, scheduler.min_lr_ratio={self.min_lr_ratio}, "
+                              f"scheduler.decay_fraction={self.decay_fraction}: warm-up >= 0 steps, ratio in [0, 1], "
+                              "fraction in (0, 1]")
+        if self.decay_shape not in WSD_SHAPES:
+            raise ConfigError(f"scheduler.decay_shape={self.decay_shape!r}: one of {', '.join(WSD_SHAPES)}")
+        for key in ("decay_steps", "total_steps"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"scheduler.{key}={getattr(self, key)}: must be >= 1 (or null)")
+
+    def check(self, run: dict) -> list:
+        total = self.total_steps or (run.get("trainer") or {}).get("max_steps") or 0
+        if self.decay_steps is not None and total > 0 and self.warmup_steps + self.decay_steps > total:
+            raise ConfigError(f"scheduler.decay_steps={self.decay_steps}: with scheduler.warmup_steps="
+                              f"{self.warmup_steps} longer than the run's {total} steps; shorten one")
+        return warmup_note(self.warmup_steps, run)
+
+
+WSD_SHAPES = {"linear": lambda p: 1.0 - p, "sqrt": lambda p: 1.0 - math.sqrt(p),
+              "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p))}
+
+
+def wsd_factor(step: int, warmup: int, decay: int, total: int, min_ratio: float, shape: str) -> float:
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    start = total - decay
+    if step < start:
+        return 1.0
+    p = min(1.0, (step - start) / max(1, decay))
+    return min_ratio + (1.0 - min_ratio) * WSD_SHAPES[shape](p)
+
+
 def noam_factor(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     step = max(step, 1)
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
@@ -213,3 +259,14 @@ def constant(cfg: ConstantConfig, optimizer, *, d_model: int, total_steps: Optio
     """constant lr after an optional linear warm-up"""
     w = cfg.warmup_steps
     return LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (w + 1)) if w > 0 else 1.0)
+
+
+@register("scheduler", "wsd", config=WSDConfig)
+def wsd(cfg: WSDConfig, optimizer, *, d_model: int, total_steps: Optional[int] = None) -> LambdaLR:
+    """warm-up, stable, then decay over the last steps (warmup-stable-decay)"""
+    total = cfg.total_steps or total_steps
+    if not total or total <= 0:
+        raise ConfigError("scheduler=wsd needs scheduler.total_steps or a positive trainer.max_steps")
+    decay = cfg.decay_steps or max(1, round(cfg.decay_fraction * total))
+    return LambdaLR(optimizer, lambda s: wsd_factor(s, cfg.warmup_steps, decay, total, cfg.min_lr_ratio,
+                                                     cfg.decay_shape))

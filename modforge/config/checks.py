@@ -46,8 +46,14 @@ def validate(cfg: DictConfig, here: bool = True) -> list:
     if "optim" in typed and "scheduler" in typed:  # built once on a dummy parameter: their own checks, now
         import torch
 
-        opt = registry.build("optim", cfg.optim, [torch.nn.Parameter(torch.zeros(1))])
-        if "param" in typed and getattr(typed["param"][0].cls, "uses_groups", False):  # and as param=mup builds it
+        if getattr(typed["optim"][0].cls, "by_role", False):  # (optim=muon: given its parameters by role)
+            dummy = [{"params": [torch.nn.Parameter(torch.zeros(2, 2))], "role": "hidden"},
+                     {"params": [torch.nn.Parameter(torch.zeros(1))], "role": "vector"}]
+        else:
+            dummy = [torch.nn.Parameter(torch.zeros(1))]
+        opt = registry.build("optim", cfg.optim, dummy)
+        if "param" in typed and getattr(typed["param"][0].cls, "uses_groups", False) and \
+                not getattr(typed["optim"][0].cls, "by_role", False):  # and as param=mup builds it
             registry.build("optim", cfg.optim, [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr_scale": 1.0,
                                                  "eps_scale": 1.0, "wd_scale": 1.0}])
         total = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None

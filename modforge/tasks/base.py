@@ -85,8 +85,10 @@ class Task(L.LightningModule):
         from modforge.components.optim import check_group_scales  # (here: kinds are declared in plugins' order)
 
         groups = self.param.groups(self)
+        if groups is None and getattr(_optimizer_fn(self.run_cfg["optim"]), "by_role", False):
+            groups = role_groups(self)  # (Muon: hidden matrices apart from the rest, by their declared roles)
         opt = build("optim", self.run_cfg["optim"], self.parameters() if groups is None else groups)
-        if groups is not None:
+        if groups is not None and not getattr(_optimizer_fn(self.run_cfg["optim"]), "by_role", False):
             check_group_scales(opt, groups, self.run_cfg["optim"])
         total = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else None
         sched = build("scheduler", self.run_cfg["scheduler"], opt, d_model=self.param.schedule_d_model(self.model),
@@ -193,6 +195,26 @@ class Task(L.LightningModule):
 
 
 _P = 2 ** 31 - 1  # a Mersenne prime: every product below stays under 2**62, every sum under 2**63
+
+
+def _optimizer_fn(cfg: Any) -> Any:
+    from modforge.registry import registry
+
+    name = cfg.get("name") if hasattr(cfg, "get") else cfg
+    return registry("optim").get(name).cls
+
+
+def role_groups(root: torch.nn.Module) -> list[dict]:
+    """The trainable parameters as {"params", "role"} groups, one per declared role (modforge.models.param), in the
+    order of ``root.named_parameters()``: what an optimizer that treats roles apart (``optim=muon``) is given."""
+    from modforge.models.param import roles
+
+    role = roles(root, "optim=muon")
+    out: dict[str, list] = {}
+    for name, p in root.named_parameters():
+        if p.requires_grad and name in role:
+            out.setdefault(role[name], []).append(p)
+    return [{"params": ps, "role": r} for r, ps in out.items()]
 
 
 def batch_checksum(acc: torch.Tensor, batch: Any) -> torch.Tensor:
