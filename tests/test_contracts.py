@@ -31,7 +31,8 @@ REFERENCE_TESTS = {
     "activation": {n: "test_activations_ffn::test_activation_matches_formula"
                    for n in ("relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "leaky_relu")},
     "ffn": {**{n: "test_activations_ffn::test_mlp_ffn_formula" for n in ("relu", "gelu", "mlp")},
-            **{n: "test_activations_ffn::test_gated_ffn_formula" for n in ("glu", "reglu", "swiglu", "geglu")}},
+            **{n: "test_activations_ffn::test_gated_ffn_formula" for n in ("glu", "reglu", "swiglu", "geglu")},
+            "moe": "test_modern_variants::test_moe_block_equals_mixtrals_sparse_block_and_its_balancing_loss"},
     "pos": {"sinusoidal": "test_positions::test_sinusoidal_matches_paper_formula",
             "learned": "test_positions::test_learned_positions_are_trained_parameters",
             "rope": "test_positions::test_rope_interleaved_matches_reference_code",

@@ -136,6 +136,11 @@ ATTENTION_OPTIONS = {
 }
 
 
+# settings a registered option trains with here: a mixture of two experts, both chosen, and a shared one, so that
+# every parameter gets a gradient in one step (with top-2 of 8 some experts see no token of a small batch)
+SETTINGS = {"ffn": {"moe": {"name": "moe", "n_experts": 2, "top_k": 2, "n_shared": 1}}, "attention": ATTENTION_OPTIONS}
+
+
 def column(kind: str) -> list:
     return registered(kind) + (list(ATTENTION_OPTIONS) if kind == "attention" else [])
 
@@ -191,7 +196,7 @@ def train_one_step_each(combos) -> None:
     mask[2, 6:] = False  # one padded row exercises the padding paths
     for combo in combos:
         arch = combo[0]
-        parts = {k: ATTENTION_OPTIONS.get(v, v) if k == "attention" else v for k, v in zip(PART_KINDS, combo[1:])}
+        parts = {k: SETTINGS.get(k, {}).get(v, v) for k, v in zip(PART_KINDS, combo[1:])}
         m = make(arch, **parts).train()
         with torch.no_grad():  # biases off their zero init: with zero biases a ReLU FFN is scale-equivariant, so a
             for p in m.parameters():  # scale-invariant norm before it (the plugin's ScaleNorm, Post-LN) gets an

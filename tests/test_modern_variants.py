@@ -14,7 +14,8 @@ from modforge.registry import ConfigError, build
 
 transformers = pytest.importorskip("transformers")
 
-from test_pretrained import TEXTS, bpe_tokenizer, cached_decoding_matches, padded_batch, save  # noqa: E402
+from test_pretrained import (TEXTS, bpe_tokenizer, cached_decoding_matches, padded_batch,  # noqa: E402
+                             padded_logits_gap, save)
 
 from modforge.checkpoints import load_checkpoint  # noqa: E402
 from modforge.convert import convert  # noqa: E402
@@ -164,7 +165,7 @@ def test_z_loss_adds_the_papers_term_while_training_and_not_to_validation(tmp_pa
 
     task = Task.__new__(Task)
     torch.nn.Module.__init__(task)
-    task.cfg = Cfg()
+    task.cfg, task.model = Cfg(), torch.nn.Linear(1, 1)
     task.log = lambda *a, **k: None
     logits = torch.randn(2, 5, 11) * 3
     target = torch.randint(0, 11, (2, 5))
@@ -242,12 +243,7 @@ def test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch(famil
                     "mistral": ["attention.window=4"]}[family]
     assert set(want_options) <= set(summary["overrides"])
     task = load_checkpoint(str(path))
-    idx, mask = padded_batch(task.tokenizer, TEXTS)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        got = task.model(idx, mask=mask, positions=positions)
-        want = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions).logits
-    assert (got - want).abs()[mask].max() < 1e-5
+    assert padded_logits_gap(task, hf) < 1e-5
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma2"])
@@ -333,3 +329,88 @@ def test_wsd_is_warmup_stable_then_the_papers_cooldown_and_budgets_share_their_r
     lin = factors(100, decay_shape="linear", min_lr_ratio=0.1)
     assert lin[90] == pytest.approx(0.1 + 0.9 * 0.5)
     assert callable(wsd)
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def mixtral_config(**kw):
+    base = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                initializer_range=0.2, router_aux_loss_coef=0.02)
+    return transformers.MixtralConfig(**{**base, **kw})
+
+
+def test_moe_block_equals_mixtrals_sparse_block_and_its_balancing_loss():
+    from transformers.models.mixtral import modeling_mixtral as mm
+
+    torch.manual_seed(0)
+    hf = mm.MixtralSparseMoeBlock(mixtral_config()).train()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.3)
+    ours = build("ffn", {"name": "moe", "n_experts": 4, "top_k": 2, "aux_loss_coef": 0.02,
+                         "expert": {"name": "swiglu", "match_params": False}}, 32, 48).train()
+    with torch.no_grad():
+        ours.router.weight.copy_(hf.gate.weight)
+        for e, expert in enumerate(ours.experts):
+            expert.w_gate_up.weight.copy_(hf.experts.gate_up_proj[e])
+            expert.w2.weight.copy_(hf.experts.down_proj[e])
+    x = torch.randn(3, 5, 32)
+    torch.testing.assert_close(ours(x), hf(x), rtol=1e-5, atol=1e-6)
+    logits = F.linear(x.reshape(-1, 32), hf.gate.weight)
+    want = 0.02 * mm.load_balancing_loss_func((logits,), num_experts=4, top_k=2)
+    torch.testing.assert_close(ours.aux_loss, want)
+    assert ours.flops_per_token() == 2 * 32 * 4 + 2 * ours.experts[0].flops_per_token()  # active FLOPs only
+
+
+def test_shared_experts_see_every_token_and_the_task_adds_the_balancing_loss_in_training_only():
+    from modforge.tasks.base import Task
+
+    torch.manual_seed(0)
+    moe = build("ffn", {"name": "moe", "n_experts": 4, "top_k": 1, "n_shared": 1, "renormalize": False}, 16, 32)
+    x = torch.randn(2, 3, 16)
+    h = x.reshape(-1, 16)
+    probs = F.softmax(moe.router(h), -1)
+    w, i = probs.max(-1)
+    routed = torch.stack([moe.experts[int(e)](h[t:t + 1])[0] * w[t] for t, e in enumerate(i)])
+    torch.testing.assert_close(moe(x).reshape(-1, 16), routed + moe.shared[0](h), rtol=1e-5, atol=1e-6)
+
+    task = Task.__new__(Task)
+    torch.nn.Module.__init__(task)
+    task.model = torch.nn.ModuleDict({"ffn": moe})
+
+    class Cfg:
+        label_smoothing, z_loss = 0.0, 0.0
+
+    task.cfg, task.log = Cfg(), (lambda *a, **k: None)
+    logits, target = torch.randn(2, 3, 7), torch.randint(0, 7, (2, 3))
+    ce = F.cross_entropy(logits.reshape(-1, 7), target.reshape(-1))
+    task.train()
+    moe(x)
+    aux = moe.aux_loss
+    assert aux is not None and aux > 0
+    torch.testing.assert_close(task.xent(logits, target), ce + aux)
+    assert moe.aux_loss is None  # taken once
+    task.eval()
+    moe.eval()
+    moe(x)
+    torch.testing.assert_close(task.xent(logits, target), ce)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("mixtral")
+    tok = bpe_tokenizer(["<unk>", "<s>", "</s>"])
+    hf = transformers.MixtralForCausalLM(mixtral_config(vocab_size=tok.get_vocab_size(), bos_token_id=1,
+                                                         eos_token_id=2, pad_token_id=0)).eval()
+    return convert(save(hf, tok, root / "mixtral"), root / "mixtral.ckpt"), hf
+
+
+def test_converted_mixtral_gives_hugging_faces_logits_and_decodes_as_its_cache_does(mixtral):
+    (path, summary), hf = mixtral
+    assert {"ffn=moe", "ffn.n_experts=4", "ffn.top_k=2"} <= set(summary["overrides"])
+    task = load_checkpoint(str(path))
+    assert padded_logits_gap(task, hf) < 1e-5
+    cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))

@@ -128,6 +128,16 @@ def test_converted_model_gives_hugging_faces_logits_with_padding(hf_dirs, tmp_pa
     hf.float()
 
 
+def padded_logits_gap(task, hf) -> float:
+    """Max |ours - HF's| logit at the real tokens of a left-padded batch of :data:`TEXTS`."""
+    idx, mask = padded_batch(task.tokenizer, TEXTS)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        got = task.model(idx, mask=mask, positions=positions)
+        want = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions).logits
+    return float((got - want).abs()[mask].max())
+
+
 def cached_decoding_matches(hf, model, idx, mask, steps=5) -> Stepper:
     """Our cached greedy decoding of a left-padded batch, step by step, against HF's forward with its cache."""
     stepper = Stepper(model, idx, prefix_mask=mask)
@@ -303,12 +313,7 @@ def test_mistral_converts_as_llama_with_its_head_dim_and_its_sliding_window(tmp_
     path, summary = convert(save(hf, tok, tmp_path / "mistral"), tmp_path / "m.ckpt")
     assert "model.head_dim=16" in summary["overrides"] and "attention.n_kv_heads=1" in summary["overrides"]
     task = load_checkpoint(str(path))
-    idx, mask = padded_batch(task.tokenizer, TEXTS)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        got = task.model(idx, mask=mask, positions=positions)
-        want = hf(input_ids=idx, attention_mask=mask.long(), position_ids=positions).logits
-    assert (got - want).abs()[mask].max() < 1e-5
+    assert padded_logits_gap(task, hf) < 1e-5
     v01 = save(transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=16, **kw)), tok,
                tmp_path / "v01")
     assert "attention.window=16" in convert(v01, tmp_path / "o.ckpt")[1]["overrides"]

@@ -117,10 +117,19 @@ class Task(L.LightningModule):
         """Mean cross-entropy over the targets that are not :data:`IGNORE` (label smoothing as in Szegedy et al.
         2016); while training, plus ``task.z_loss`` times the mean of (log Z)^2 over the same targets, Z the
         softmax's normaliser (Chowdhery et al. 2022, PaLM §5; Wortsman et al. 2023 §3.1.2), logged as
-        ``train/z_loss``. Validation reports the cross-entropy alone."""
+        ``train/z_loss``, and the model's auxiliary losses of this forward (``ffn=moe``'s load balancing, logged
+        as ``train/aux_loss``). Validation reports the cross-entropy alone."""
         ls = self.cfg.label_smoothing if smoothing is None else smoothing
         flat, tgt = logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1)
         loss = F.cross_entropy(flat, tgt, ignore_index=IGNORE, label_smoothing=ls)
+        if self.training:  # the model's own auxiliary losses of this forward (a mixture of experts' balancing)
+            aux = [m for m in self._aux_modules() if m.aux_loss is not None]
+            if aux:
+                total = sum(m.aux_loss for m in aux)
+                for m in aux:
+                    m.aux_loss = None
+                self.log("train/aux_loss", total.detach())
+                loss = loss + total
         z_coef = getattr(self.cfg, "z_loss", 0.0)
         if z_coef and self.training:
             lse = torch.logsumexp(flat[tgt != IGNORE], -1)
@@ -128,6 +137,12 @@ class Task(L.LightningModule):
             self.log("train/z_loss", z.detach())
             loss = loss + z_coef * z
         return loss
+
+    def _aux_modules(self) -> list:
+        """The model's modules that set an ``aux_loss`` in their training forward (``has_aux_loss``)."""
+        if getattr(self, "_aux", None) is None:
+            self._aux = [m for m in self.model.modules() if getattr(m, "has_aux_loss", False)]
+        return self._aux
 
     def log_mean(self, name: str, value: Any, weight: Any, prog_bar: bool = False) -> None:
         """Log ``name`` as the mean of ``value`` over the validation epoch, each value counting ``weight`` (its
