@@ -25,7 +25,8 @@ REFERENCE_TESTS = {
     "residual": {"post": "test_models::test_block_matches_torch_encoder_layer",
                  "pre": "test_models::test_block_matches_torch_encoder_layer",
                  "sandwich": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch",
-                 "reordered": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch"},
+                 "reordered": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch",
+                 "parallel": "test_modern_variants::test_converted_gptj_gives_hugging_faces_logits_and_decodes_as_its_cache_does"},
     "logits": {"plain": "test_modern_variants::test_soft_capped_logits_match_the_formula_and_stay_inside_the_cap",
                "softcap": "test_modern_variants::test_converted_model_gives_hugging_faces_logits_on_a_left_padded_batch"},
     "activation": {n: "test_activations_ffn::test_activation_matches_formula"

@@ -414,3 +414,34 @@ def test_converted_mixtral_gives_hugging_faces_logits_and_decodes_as_its_cache_d
     task = load_checkpoint(str(path))
     assert padded_logits_gap(task, hf) < 1e-5
     cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))
+
+
+# --------------------------------------------------------------------------- parallel blocks
+
+
+def test_parallel_block_is_one_norm_feeding_every_branch():
+    torch.manual_seed(0)
+    m = randomise(model(residual="parallel")).eval()
+    block = m.decoder.blocks[0]
+    assert block.r_ffn is None and block.r_cross is None
+    x = torch.randn(2, 5, 32)
+    h = block.r_self.norm(x)
+    want = x + block.self_attn(h, causal=True, pos=m.embed.pos) + block.ffn(h)
+    torch.testing.assert_close(block(x, pos=m.embed.pos), want)
+
+
+def test_converted_gptj_gives_hugging_faces_logits_and_decodes_as_its_cache_does(tmp_path):
+    torch.manual_seed(0)
+    tok = bpe_tokenizer(["<|endoftext|>"])
+    cfg = transformers.GPTJConfig(vocab_size=tok.get_vocab_size(), n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                  n_positions=64, initializer_range=0.2, bos_token_id=0, eos_token_id=0)
+    hf = transformers.GPTJForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if "ln" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    path, summary = convert(save(hf, tok, tmp_path / "gptj"), tmp_path / "gptj.ckpt")
+    assert {"residual=parallel", "pos.fraction=0.5", "pos.pairing=interleaved"} <= set(summary["overrides"])
+    task = load_checkpoint(str(path))
+    assert padded_logits_gap(task, hf) < 1e-5
+    cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))

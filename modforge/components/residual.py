@@ -8,6 +8,10 @@
   CogView's Sandwich-LN; Gemma 2's pre- and post-norms; Kim et al. 2025's Peri-LN), and a final norm.
 * ``reordered`` -- x <- x + N(F(x)): the norm on the sub-layer's output only (OLMo 2, "reordered norm"; Liu et
   al. 2022, Swin V2's res-post-norm), and a final norm.
+* ``parallel`` -- x <- x + Attn(N(x)) + FFN(N(x)): every sub-layer of a block reads one normalised input and adds
+  to the stream (Wang & Komatsuzaki 2021, GPT-J; Chowdhery et al. 2022, PaLM §2), and a final norm. In an
+  encoder-decoder block the cross-attention is a third parallel branch (a convention: GPT-J and PaLM are
+  decoders). The block asks the residual (``parallel``), never its name.
 
 Each style's ``final_norm`` option says whether the stack ends with a norm, and the
 stack asks the built residual for it; nothing compares names.
@@ -31,6 +35,7 @@ class Residual(nn.Module):
     branch_mult = 1.0  # the sub-layer's output x this before the addition (param=mup's depth rule sets it)
     scales_branch = False  # True: forward applies branch_mult (param=mup needs it to scale with depth)
     pre_norm = False  # True: the sub-layer's input is normalised and the stream is not (param=umup needs it)
+    parallel = False  # True: one residual for every sub-layer of a block, called as forward_all (residual=parallel)
 
     def __init__(self, cfg, norm: nn.Module, dropout: float = 0.0):
         super().__init__()
@@ -107,3 +112,26 @@ class ReorderedNorm(Residual):
     def forward(self, x, sublayer, mask=None):
         y = self.norm(sublayer(x), mask)
         return x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)
+
+
+@register("residual", "parallel")
+class ParallelNorm(Residual):
+    """x <- x + Attn(N(x)) + FFN(N(x)), plus a final norm after the stack"""
+
+    @dataclass
+    class Config:
+        final_norm: bool = True
+
+    scales_branch = True
+    pre_norm = True
+    parallel = True
+
+    def forward_all(self, x, sublayers, mask=None):
+        h = self.norm(x, mask)
+        for f in sublayers:
+            y = f(h)
+            x = x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)
+        return x
+
+    def forward(self, x, sublayer, mask=None):
+        return self.forward_all(x, [sublayer], mask)

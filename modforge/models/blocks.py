@@ -63,22 +63,31 @@ class Block(nn.Module):
 
         self.self_attn = build("attention", parts.attention, d_model, n_heads, **head_dim_kw(head_dim))
         self.r_self = residual()
+        self.parallel = self.r_self.parallel  # one residual (and norm) for every sub-layer: residual=parallel
         self.cross_attn = (build("attention", parts.attention, d_model, n_heads, cross=True, **head_dim_kw(head_dim))
                            if cross else None)
-        self.r_cross = residual() if cross else None
+        self.r_cross = residual() if cross and not self.parallel else None
         self.ffn = build("ffn", parts.ffn, d_model, d_ff)
-        self.r_ffn = residual()
+        self.r_ffn = None if self.parallel else residual()
 
     def forward(self, x: torch.Tensor, *, pos, mask: Optional[torch.Tensor] = None,
                 memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
                 cache: Optional[dict] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         cache = cache or {}
         at = {} if positions is None else {"positions": positions}
-        x = self.r_self(x, lambda h: self.self_attn(h, pos=pos, causal=self.causal, key_mask=mask,
-                                                   cache=cache.get("self"), **at), mask)
+
+        def attend(h):
+            return self.self_attn(h, pos=pos, causal=self.causal, key_mask=mask, cache=cache.get("self"), **at)
+
+        def cross(h):
+            return self.cross_attn(h, key_mask=memory_mask, memory=memory, cache=cache.get("cross"))
+
+        if self.parallel:
+            return self.r_self.forward_all(x, [attend] + ([cross] if self.cross_attn is not None else []) + [self.ffn],
+                                           mask)
+        x = self.r_self(x, attend, mask)
         if self.cross_attn is not None:
-            x = self.r_cross(x, lambda h: self.cross_attn(h, key_mask=memory_mask, memory=memory,
-                                                         cache=cache.get("cross")), mask)
+            x = self.r_cross(x, cross, mask)
         return self.r_ffn(x, self.ffn, mask)
 
     def flops(self, n: int, n_memory: int = 0) -> int:
@@ -105,7 +114,8 @@ class Stack(nn.Module):
                 if attn is not None:
                     attn.layer_index = i
         self.cross = cross
-        self.final_norm = build("norm", parts.norm, d_model) if self.blocks[-1].r_ffn.final_norm else None
+        last = self.blocks[-1]
+        self.final_norm = build("norm", parts.norm, d_model) if (last.r_ffn or last.r_self).final_norm else None
 
     def flops(self, n: int, n_memory: int = 0) -> int:
         return sum(b.flops(n, n_memory) for b in self.blocks)

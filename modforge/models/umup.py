@@ -192,6 +192,10 @@ class UMuP(Parametrisation):
                                       "attn_mult / d_head")
                 m.score_scale = c.attn_mult / m.d_head
             if isinstance(m, Block):
+                if getattr(m, "parallel", False):
+                    raise ConfigError(f"param=umup: {name} is a parallel block (residual=parallel): one residual "
+                                      "carries every branch, but u-µP scales the attention and FFN branches apart "
+                                      "(residual_attn_ratio); use residual=pre")
                 L = depths[in_stack(name, depths)[0]]
                 for attr, alpha in (("r_self", c.residual_attn_ratio * ffn_alpha),
                                     ("r_cross", c.residual_attn_ratio * ffn_alpha), ("r_ffn", ffn_alpha)):

@@ -21,18 +21,18 @@ The conventions that make the numbers equal, family by family:
 * BERT: Post-LN with LayerNorm (eps 1e-12), LayerNorm on the embeddings, token-type
   embeddings, exact GELU, and the masked-LM head's transform and bias; pooler and
   next-sentence head are not part of a masked LM and are left out (listed).
-* OLMo 2, Qwen3, Gemma 2 and Mixtral (in only; :mod:`modforge.checkpoints.families.modern`): Llama's layout with
-  QK-norm, reordered and sandwich norms, soft-capping, sliding windows and a mixture of experts.
+* OLMo 2, Qwen3, Gemma 2, Mixtral and GPT-J (in only; :mod:`modforge.checkpoints.families.modern`): Llama's layout with
+  QK-norm, reordered and sandwich norms, soft-capping, sliding windows, a mixture of experts, parallel blocks.
 """
 from modforge.checkpoints.families.base import (Family, read_hf_dir, read_hf_weights,  # noqa: F401 - public
                                                 specials_of)
 from modforge.checkpoints.families.bert import Bert
 from modforge.checkpoints.families.gpt2 import GPT2
 from modforge.checkpoints.families.llama import Llama, Mistral
-from modforge.checkpoints.families.modern import Gemma2, Mixtral, Olmo2, Qwen3
+from modforge.checkpoints.families.modern import GPTJ, Gemma2, Mixtral, Olmo2, Qwen3
 from modforge.errors import ConfigError
 
-FAMILIES = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Bert(), Olmo2(), Qwen3(), Gemma2(), Mixtral())}
+FAMILIES = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Bert(), Olmo2(), Qwen3(), Gemma2(), Mixtral(), GPTJ())}
 
 def family_of(c: dict, where: str) -> Family:
     mt = c.get("model_type")
