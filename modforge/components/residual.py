@@ -79,13 +79,16 @@ class PreNorm(Residual):
         return x + self.drop(y * self.branch_mult if self.branch_mult != 1.0 else y)
 
 
+@dataclass
+class WithFinalNorm:
+    final_norm: bool = True  # a norm after the last block: the stream itself is never normalised inside the stack
+
+
 @register("residual", "sandwich")
 class SandwichNorm(Residual):
     """x <- x + N2(F(N1(x))), plus a final norm after the stack"""
 
-    @dataclass
-    class Config:
-        final_norm: bool = True
+    Config = WithFinalNorm
 
     scales_branch = True
     pre_norm = True
@@ -103,9 +106,7 @@ class SandwichNorm(Residual):
 class ReorderedNorm(Residual):
     """x <- x + N(F(x)), plus a final norm after the stack"""
 
-    @dataclass
-    class Config:
-        final_norm: bool = True
+    Config = WithFinalNorm
 
     scales_branch = True
 
@@ -118,9 +119,7 @@ class ReorderedNorm(Residual):
 class ParallelNorm(Residual):
     """x <- x + Attn(N(x)) + FFN(N(x)), plus a final norm after the stack"""
 
-    @dataclass
-    class Config:
-        final_norm: bool = True
+    Config = WithFinalNorm
 
     scales_branch = True
     pre_norm = True
