@@ -445,3 +445,39 @@ def test_converted_gptj_gives_hugging_faces_logits_and_decodes_as_its_cache_does
     task = load_checkpoint(str(path))
     assert padded_logits_gap(task, hf) < 1e-5
     cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))
+
+
+# --------------------------------------------------------------------------- differential attention
+
+
+def test_differential_attention_matches_the_papers_formula_head_by_head():
+    torch.manual_seed(0)
+    attn = randomise(build("attention", "diff", 32, 2))  # 2 heads of 16: query/key halves of 8, values of 16
+    attn.layer_index = 3
+    lam_init = 0.8 - 0.6 * math.exp(-0.3 * 3)
+    assert attn.lambda_init == pytest.approx(lam_init)
+    x = torch.randn(2, 6, 32)
+    q, k, v = F.linear(x, attn.qkv.weight).split(32, -1)
+    lam = (torch.exp((attn.lambda_q1 * attn.lambda_k1).sum()) - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum())
+           + lam_init)
+    causal = torch.ones(6, 6).tril().bool()
+    heads = []
+    for h in range(2):  # the paper's §2.1, one head at a time
+        qh, kh, vh = q[..., 16 * h:16 * h + 16], k[..., 16 * h:16 * h + 16], v[..., 16 * h:16 * h + 16]
+        a1 = (qh[..., :8] @ kh[..., :8].transpose(-1, -2) / math.sqrt(8)).masked_fill(~causal, -math.inf).softmax(-1)
+        a2 = (qh[..., 8:] @ kh[..., 8:].transpose(-1, -2) / math.sqrt(8)).masked_fill(~causal, -math.inf).softmax(-1)
+        o = (a1 - lam * a2) @ vh
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.subln.weight
+        heads.append(o * (1 - lam_init))
+    want = attn.out(torch.cat(heads, -1))
+    torch.testing.assert_close(attn(x, causal=True), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi", "learned"])
+def test_differential_attention_decodes_with_its_cache_as_it_computes_the_whole_sequence(pos):
+    torch.manual_seed(0)
+    m = model(attention="diff", pos=pos).eval()
+    if pos == "rope":
+        assert m.embed.pos.head_dim == 4  # d_model 32 / 4 heads = 8, halved: what the halves rotate
+    idx = torch.randint(5, 50, (2, 5))
+    assert torch.equal(decode(Stepper(m, idx), 12), decode(Stepper(m, idx, use_cache=False), 12))

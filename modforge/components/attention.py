@@ -89,6 +89,14 @@ class Attention(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} has no decoding cache")
 
 
+def head_width(d_model: int, n_heads: int, head_dim: Optional[int]) -> int:
+    """A head's width: ``head_dim`` when the model sets one, else d_model / n_heads (which must divide)."""
+    if head_dim is None and d_model % n_heads:
+        raise ConfigError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads} "
+                          "(or set model.head_dim)")
+    return head_dim or d_model // n_heads
+
+
 def _query_width(attn: nn.Module) -> int:
     return getattr(attn, "n_heads", 1) * getattr(attn, "d_head", 0)
 
@@ -315,10 +323,7 @@ class MultiHeadAttention(Attention):
     def __init__(self, cfg: Config, d_model: int, n_heads: int, *, cross: bool = False,
                  head_dim: Optional[int] = None):
         super().__init__()
-        if head_dim is None and d_model % n_heads:
-            raise ConfigError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads} "
-                              "(or set model.head_dim)")
-        self.n_heads, self.d_head, self.cross = n_heads, head_dim or d_model // n_heads, cross
+        self.n_heads, self.d_head, self.cross = n_heads, head_width(d_model, n_heads, head_dim), cross
         self.n_kv = self.kv_heads(cfg, n_heads)
         self.dropout = cfg.dropout
         q_dim, kv_dim = n_heads * self.d_head, self.n_kv * self.d_head

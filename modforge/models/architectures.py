@@ -3,6 +3,7 @@
 Each is built as ``build("model", cfg.model, parts, vocab_size)`` and selects its
 default task (and through it, its default data) via the registry's ``defaults``.
 """
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -11,7 +12,7 @@ from torch import nn
 
 from modforge.components.positions import PositionalScheme
 from modforge.models.blocks import Embedder, Parts, Stack, head_dim_kw, init_weights
-from modforge.registry import ConfigError, build, kind, register
+from modforge.registry import ConfigError, build, kind, register, registry
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Model(nn.Module):
 
     def _embedder(self, parts: Parts) -> Embedder:
         c = self.cfg
-        pos = build("pos", parts.pos, c.d_model, c.n_heads, c.max_len, **head_dim_kw(c.head_dim))
+        pos = build("pos", parts.pos, c.d_model, c.n_heads, c.max_len, **position_kw(parts, c))
         types = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         norm = build("norm", parts.norm, c.d_model) if c.embed_norm else None
         return Embedder(self.tok, pos, c.dropout, c.scale_embeddings, types, norm)
@@ -135,6 +136,26 @@ class Model(nn.Module):
 
     def new_cache(self, capacity: Optional[int] = None) -> list:
         raise NotImplementedError(f"{type(self).__name__} does not generate (can_generate is False)")
+
+
+def position_kw(parts: Parts, c: ModelConfig) -> dict:
+    """``head_dim=`` for the positional scheme: the model's, unless the attention says otherwise (its
+    ``position_head_dim``: differential attention rotates half-heads). A scheme from before the option, which
+    takes no ``head_dim``, is built without it where it rotates nothing (ALiBi's bias needs no head width) and
+    refused in one line where it would rotate at the wrong width."""
+    name = parts.attention.get("name") if hasattr(parts.attention, "get") else parts.attention
+    own = getattr(registry("attention").get(name).cls, "position_head_dim", None)
+    if own is None:
+        return head_dim_kw(c.head_dim)
+    hd = own(c.d_model, c.n_heads, c.head_dim)
+    pos_name = parts.pos.get("name") if hasattr(parts.pos, "get") else parts.pos
+    cls = registry("pos").get(pos_name).cls
+    if "head_dim" in inspect.signature(cls.__init__).parameters:
+        return {"head_dim": hd}
+    if cls.rotate is not PositionalScheme.rotate:
+        raise ConfigError(f"pos={pos_name} with attention={name}: the scheme rotates queries and keys but takes no "
+                          f"head_dim, and this attention's halves are {hd} wide; give the scheme a head_dim")
+    return {}
 
 
 class HeadTransform(nn.Module):
