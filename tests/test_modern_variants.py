@@ -481,3 +481,50 @@ def test_differential_attention_decodes_with_its_cache_as_it_computes_the_whole_
         assert m.embed.pos.head_dim == 4  # d_model 32 / 4 heads = 8, halved: what the halves rotate
     idx = torch.randint(5, 50, (2, 5))
     assert torch.equal(decode(Stepper(m, idx), 12), decode(Stepper(m, idx, use_cache=False), 12))
+
+
+# --------------------------------------------------------------------------- multi-head latent attention
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 12])
+def test_latent_attention_equals_deepseek_v3s_attention_with_copied_weights(q_lora_rank):
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    torch.manual_seed(0)
+    cfg = transformers.DeepseekV3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
+                                        q_lora_rank=q_lora_rank, kv_lora_rank=16, qk_rope_head_dim=4,
+                                        qk_nope_head_dim=8, v_head_dim=6, max_position_embeddings=64,
+                                        rope_interleave=True, attention_bias=False)
+    cfg._attn_implementation = "eager"
+    hf = ds.DeepseekV3Attention(cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    ours = build("attention", {"name": "mla", "q_lora_rank": q_lora_rank, "kv_lora_rank": 16,
+                               "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 6}, 32, 4).eval()
+    names = {"kv_a": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "out": "o_proj",
+             **({"q_a": "q_a_proj", "q_norm": "q_a_layernorm", "q_b": "q_b_proj"} if q_lora_rank else {"q": "q_proj"})}
+    with torch.no_grad():
+        for mine, theirs in names.items():
+            getattr(ours, mine).weight.copy_(getattr(hf, theirs).weight)
+    rope = build("pos", {"name": "rope", "pairing": "interleaved", "angles": "float32"}, 32, 4, 64, head_dim=4)
+    x = torch.randn(2, 7, 32)
+    position_ids = torch.arange(7)[None].expand(2, -1)
+    cos, sin = ds.DeepseekV3RotaryEmbedding(cfg)(x, position_ids)
+    mask = torch.full((7, 7), -math.inf).triu(1)[None, None]
+    with torch.no_grad():
+        want = hf(x, position_embeddings=(cos, sin), attention_mask=mask)[0]
+        got = ours(x, pos=rope, causal=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_latent_attention_caches_the_latent_only_and_decodes_as_it_computes_the_whole_sequence():
+    torch.manual_seed(0)
+    m = model(attention="mla", pos="rope").eval()  # head width 8: latent 32, rotary key 4, per token
+    assert m.embed.pos.head_dim == 4
+    idx = torch.randint(5, 50, (2, 5))
+    stepper = Stepper(m, idx)
+    tokens = decode(stepper, 10)
+    assert torch.equal(tokens, decode(Stepper(m, idx, use_cache=False), 10))
+    c = stepper.cache[0]["self"]
+    assert c.k.shape[1:] == (1, 64, 32) and c.v.shape[1:] == (1, 64, 4)  # (B, 1, capacity, rank) and (.., rope)

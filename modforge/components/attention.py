@@ -122,9 +122,9 @@ class KVCache:
         """Append T positions (k, v: (B, H, T, D); ``real`` (B, T) True at real tokens, None: all real) ->
         every key, value and key mask held so far (the mask None while no padding was ever appended)."""
         B, H, T, D = k.shape
-        if self.k is None:
+        if self.k is None:  # (values may have their own heads and width: a latent cache's, attention=mla)
             self.k = k.new_empty(B, H, self.capacity, D)
-            self.v = v.new_empty(B, H, self.capacity, D)
+            self.v = v.new_empty(B, v.shape[1], self.capacity, v.shape[-1])
         if self.length + T > self.capacity:
             raise ValueError(f"KV cache full: {self.length} + {T} > capacity {self.capacity} (model.max_len)")
         end = self.length + T

@@ -49,7 +49,7 @@ class DifferentialAttention(Attention):
                                   "schedule gives 0.2 at the first layer to 0.8 deep), or null")
 
     @staticmethod
-    def position_head_dim(d_model: int, n_heads: int, head_dim: Optional[int]) -> int:
+    def position_head_dim(d_model: int, n_heads: int, head_dim: Optional[int], spec=None) -> int:
         """The width of the query and key halves that positions rotate: half of a head."""
         return (head_dim or d_model // n_heads) // 2
 

@@ -147,7 +147,7 @@ def position_kw(parts: Parts, c: ModelConfig) -> dict:
     own = getattr(registry("attention").get(name).cls, "position_head_dim", None)
     if own is None:
         return head_dim_kw(c.head_dim)
-    hd = own(c.d_model, c.n_heads, c.head_dim)
+    hd = own(c.d_model, c.n_heads, c.head_dim, parts.attention)
     pos_name = parts.pos.get("name") if hasattr(parts.pos, "get") else parts.pos
     cls = registry("pos").get(pos_name).cls
     if "head_dim" in inspect.signature(cls.__init__).parameters:
