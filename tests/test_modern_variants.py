@@ -528,3 +528,22 @@ def test_latent_attention_caches_the_latent_only_and_decodes_as_it_computes_the_
     assert torch.equal(tokens, decode(Stepper(m, idx, use_cache=False), 10))
     c = stepper.cache[0]["self"]
     assert c.k.shape[1:] == (1, 64, 32) and c.v.shape[1:] == (1, 64, 4)  # (B, 1, capacity, rank) and (.., rope)
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"attention": {"name": "gqa", "qk_norm": "rms"}}, "attention.qk_norm"),
+    ({"attention": {"name": "gqa", "window": 8}}, "attention.window"),
+    ({"logits": {"name": "softcap", "cap": 30.0}}, "logits=softcap"),
+    ({"residual": {"name": "sandwich", "final_norm": True}}, "residual"),
+    ({"attention": {"name": "mla"}}, "attention=mla"),
+    ({"ffn": {"name": "moe"}}, "ffn=moe"),
+])
+def test_exporting_a_model_with_a_new_option_as_llama_is_refused_naming_it(change, why):
+    from modforge.checkpoints.families import FAMILIES
+
+    run = {"model": {"name": "decoder_only", "tie_embeddings": False}, "residual": {"name": "pre", "final_norm": True},
+           "norm": {"name": "rms", "eps_placement": "inside"}, "attention": {"name": "gqa"},
+           "ffn": {"name": "swiglu", "activation": "silu"}, "pos": {"name": "rope", "pairing": "half"},
+           "logits": {"name": "plain"}}
+    assert FAMILIES["llama"].mismatch(run) is None
+    assert why in FAMILIES["llama"].mismatch({**run, **change})
