@@ -33,7 +33,8 @@ def load_builtins() -> None:
         from modforge.models import architectures  # noqa: F401  model
         from modforge.tasks import base  # noqa: F401  task
         from modforge.data import tokenizers, base as _  # noqa: F401  tokenizer (nested: data.tokenizer), data
-        from modforge.components import norms, residual, ffn, activations, positions, attention, logits, muon, moe, diff_attention, mla  # noqa: F401
+        from modforge.components import (norms, residual, ffn, activations, positions, attention,  # noqa: F401
+                                         logits, muon, moe, diff_attention, mla)
         from modforge.tasks import classify, lm, seq2seq  # noqa: F401  the tasks
         from modforge.data import classify as _c, lm as _l, parallel, seq2seq as _s  # noqa: F401  the data sets
         from modforge.components import optim  # noqa: F401  optim, scheduler

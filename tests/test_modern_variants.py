@@ -188,6 +188,9 @@ def test_z_loss_adds_the_papers_term_while_training_and_not_to_validation(tmp_pa
     ("attention.global_every=2", "attention.global_every=2"),
     ("logits=softcap logits.cap=0", "logits.cap=0"),
     ("task.z_loss=-0.1", "task.z_loss=-0.1"),
+    ("attention.qk_norm={name:rms,foo:1}", "attention.qk_norm"),  # a nested config's own keys, before any work
+    ("ffn=moe ffn.expert={name:swiglu,bogus:1}", "ffn.expert"),
+    ("scheduler=wsd scheduler.warmup_steps=100 trainer.max_steps=110", "scheduler.decay_fraction=0.2 (22 steps)"),
 ])
 def test_bad_values_are_one_line_naming_the_key(override, key):
     from modforge.cli.preflight import preflight
@@ -547,3 +550,43 @@ def test_exporting_a_model_with_a_new_option_as_llama_is_refused_naming_it(chang
            "logits": {"name": "plain"}}
     assert FAMILIES["llama"].mismatch(run) is None
     assert why in FAMILIES["llama"].mismatch({**run, **change})
+
+
+# --------------------------------------------------------------------------- edge cases a review found
+
+
+@pytest.mark.parametrize("options", [{"attention": "mla"}, {"attention": "diff"}, {"attention.window": 3}],
+                         ids=["mla", "diff", "window"])
+def test_beam_search_reorders_every_new_cache_as_recomputing_does(options):
+    from modforge.models.decoding import beam_search
+
+    torch.manual_seed(0)
+    m = model(pos="rope", **options).eval()
+    idx = torch.randint(5, 50, (2, 5))
+    cached = beam_search(Stepper(m, idx), 6, beam_size=3)
+    assert torch.equal(cached, beam_search(Stepper(m, idx, use_cache=False), 6, beam_size=3))
+
+
+def test_configs_without_layer_types_get_their_familys_own_window_pattern():
+    from modforge.checkpoints.families.modern import gemma2_types, qwen3_types, window_overrides
+
+    c = {"sliding_window": 4096, "max_position_embeddings": 8192, "num_hidden_layers": 26}
+    assert window_overrides(c, "x", gemma2_types) == ["attention.window=4096", "attention.global_every=2"]
+    assert window_overrides({**c, "max_window_layers": 26}, "x", qwen3_types) == []  # every layer global
+    assert window_overrides({**c, "max_window_layers": 0}, "x", qwen3_types) == ["attention.window=4096"]
+    with pytest.raises(ConfigError, match="not every n-th layer"):
+        window_overrides({**c, "max_window_layers": 20}, "Qwen3 config.json:", qwen3_types)
+
+
+def test_the_muon_optimizer_survives_a_copy_and_refuses_a_foreign_state_in_one_line():
+    import copy
+
+    from modforge.tasks.base import role_groups
+
+    m = model()
+    opt = build("optim", {"name": "muon", "lr": 0.01}, role_groups(m))
+    m(torch.randint(5, 50, (2, 4))).sum().backward()
+    opt.step()
+    copy.deepcopy(opt).step()
+    with pytest.raises(ConfigError, match="parameter groups"):
+        opt.load_state_dict({"state": {}, "param_groups": [{"params": []}]})

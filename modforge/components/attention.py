@@ -156,13 +156,13 @@ class KVCache:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
             self._spare = None
             return
-        shape = (index.numel(), *self.k.shape[1:])
-        if self._spare is None or self._spare[0].shape != shape:
-            self._spare = (self.k.new_empty(shape), self.v.new_empty(shape))
+        shapes = ((index.numel(), *self.k.shape[1:]), (index.numel(), *self.v.shape[1:]))  # (a latent cache's
+        if self._spare is None or (self._spare[0].shape, self._spare[1].shape) != shapes:  # values: their own shape)
+            self._spare = (self.k.new_empty(shapes[0]), self.v.new_empty(shapes[1]))
         k, v = self._spare
         torch.index_select(self.k[:, :, :n], 0, index, out=k[:, :, :n])
         torch.index_select(self.v[:, :, :n], 0, index, out=v[:, :, :n])
-        self._spare = (self.k, self.v) if self.k.shape == shape else None
+        self._spare = (self.k, self.v) if (self.k.shape, self.v.shape) == shapes else None
         self.k, self.v = k, v
 
 
@@ -215,6 +215,10 @@ def check_qk_norm(spec: Any) -> None:
     if not getattr(norms.get(name).cls, "per_token", True):
         raise ConfigError(f"attention.qk_norm={name}: a norm of queries and keys must work token by token (this one "
                           "normalises by the batch's statistics); use rms or layer")
+    try:  # its own keys, now (a tiny one: its config is checked as it is built)
+        build("norm", spec, 2)
+    except ConfigError as e:
+        raise ConfigError(f"attention.qk_norm={spec!r}: {e}") from None
 
 
 class WindowKVCache:
@@ -239,7 +243,7 @@ class WindowKVCache:
             raise ValueError(f"KV cache full: {self.length} + {T} > capacity {self.capacity} (model.max_len)")
         new_pos = torch.arange(self.length, self.length + T, device=k.device)
         if self.k is None:
-            self.k, self.v = k.new_empty(B, H, 0, D), v.new_empty(B, H, 0, D)
+            self.k, self.v = k.new_empty(B, H, 0, D), v.new_empty(B, v.shape[1], 0, v.shape[-1])
             self.pos = new_pos[:0]
         if real is not None and self.real is None:
             self.real = torch.ones(B, self.k.shape[2], dtype=torch.bool, device=k.device)

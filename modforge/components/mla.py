@@ -60,7 +60,7 @@ class MultiHeadLatentAttention(Attention):
     @staticmethod
     def sizes(cfg, d_model: int, n_heads: int, head_dim: Optional[int]) -> tuple:
         dh = head_width(d_model, n_heads, head_dim)
-        rope = cfg.qk_rope_head_dim or max(2, dh // 2 // 2 * 2)
+        rope = cfg.qk_rope_head_dim or max(2, dh // 2 // 2 * 2)  # half the head, rounded down to even (pairs)
         return (cfg.qk_nope_head_dim or dh, rope, cfg.v_head_dim or dh, cfg.kv_lora_rank or 4 * dh)
 
     @classmethod

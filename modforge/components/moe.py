@@ -50,6 +50,10 @@ class MoEConfig:
         if name not in registry("ffn").names():
             raise ConfigError(f"ffn.expert={self.expert!r}: not a registered FFN (one of "
                               f"{', '.join(n for n in registry('ffn').names() if n != 'moe')})")
+        try:  # the expert's own keys, now (a tiny one: its config is checked as it is built)
+            build("ffn", self.expert, 2, 4)
+        except ConfigError as e:
+            raise ConfigError(f"ffn.expert={self.expert!r}: {e}") from None
 
 
 @register("ffn", "moe", config=MoEConfig)

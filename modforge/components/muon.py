@@ -120,13 +120,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.zero_grad(set_to_none)
         self.adamw.zero_grad(set_to_none)
 
-    def state_dict(self) -> dict:
-        """torch's own layout over both optimizers' groups (Muon's first): what Lightning saves and checks."""
-        return super().state_dict()
+    # state_dict: torch's own, over both optimizers' groups (Muon's first), which Lightning saves and checks
+
+    def __getstate__(self) -> dict:  # (torch's keeps only defaults, state and groups: the two optimizers are ours)
+        return self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def load_state_dict(self, state_dict: dict) -> None:
         n = len(self.muon.param_groups)
-        groups = state_dict["param_groups"]
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if not isinstance(groups, list) or len(groups) != len(self.param_groups):
+            raise ConfigError(f"optim=muon: the saved optimizer state has {len(groups) if isinstance(groups, list) else 'no'} "
+                              f"parameter groups, this one {len(self.param_groups)} (Muon's, then AdamW's): not a state "
+                              "of this optimizer and model")
         for inner, part in ((self.muon, groups[:n]), (self.adamw, groups[n:])):
             index = {old: new for new, old in enumerate(i for g in part for i in g["params"])}
             inner.load_state_dict({"state": {index[i]: v for i, v in state_dict["state"].items() if i in index},

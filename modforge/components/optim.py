@@ -204,9 +204,12 @@ class WSDConfig:
 
     def check(self, run: dict) -> list:
         total = self.total_steps or (run.get("trainer") or {}).get("max_steps") or 0
-        if self.decay_steps is not None and total > 0 and self.warmup_steps + self.decay_steps > total:
-            raise ConfigError(f"scheduler.decay_steps={self.decay_steps}: with scheduler.warmup_steps="
-                              f"{self.warmup_steps} longer than the run's {total} steps; shorten one")
+        decay = self.decay_steps or max(1, round(self.decay_fraction * total))
+        if total > 0 and self.warmup_steps + decay > total:
+            what = (f"scheduler.decay_steps={self.decay_steps}" if self.decay_steps is not None else
+                    f"scheduler.decay_fraction={self.decay_fraction} ({decay} steps)")
+            raise ConfigError(f"{what}: with scheduler.warmup_steps={self.warmup_steps} longer than the run's "
+                              f"{total} steps (the decay would cut the warm-up short); shorten one")
         return warmup_note(self.warmup_steps, run)
 
 

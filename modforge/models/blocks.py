@@ -115,7 +115,8 @@ class Stack(nn.Module):
                     attn.layer_index = i
         self.cross = cross
         last = self.blocks[-1]
-        self.final_norm = build("norm", parts.norm, d_model) if (last.r_ffn or last.r_self).final_norm else None
+        ends = last.r_ffn if last.r_ffn is not None else last.r_self  # (a parallel block has one residual)
+        self.final_norm = build("norm", parts.norm, d_model) if ends.final_norm else None
 
     def flops(self, n: int, n_memory: int = 0) -> int:
         return sum(b.flops(n, n_memory) for b in self.blocks)

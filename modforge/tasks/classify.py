@@ -84,7 +84,7 @@ class Classify(Task):
 
     def training_step(self, b, batch_idx):
         logits, acc = self._step(b)
-        loss = F.cross_entropy(logits.float(), b["label"], label_smoothing=self.cfg.label_smoothing)
+        loss = self.xent(logits, b["label"])  # (with task.z_loss and a mixture's balancing loss, as every task)
         self.count_tokens(int(b["src_mask"].sum()))
         B = b["src"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)

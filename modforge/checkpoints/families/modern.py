@@ -26,24 +26,37 @@ def _set(out: list[str], key: str, value: str) -> list[str]:
     return kept + [f"{key}={value}"]
 
 
-def window_overrides(c: dict, what: str) -> list[str]:
-    """A config's sliding window as ``attention.window`` and ``global_every``: ``layer_types`` must be sliding
-    everywhere but every n-th layer (n, 2n ...), which is global; a window no shorter than the positions is none."""
+def window_overrides(c: dict, what: str, default_types=None) -> list[str]:
+    """A config's sliding window as ``attention.window`` and ``global_every``: ``layer_types`` (or, where the
+    config has none, ``default_types(c)``: the family's own default, as Hugging Face fills it in; None: every
+    layer windowed) must be sliding everywhere but every n-th layer (n, 2n ...), which is global; a window no
+    shorter than the positions is none."""
     window, n = c.get("sliding_window"), c["max_position_embeddings"]
     if window is None or window >= n or not c.get("use_sliding_window", True):
         return []
     L = c["num_hidden_layers"]
-    types = c.get("layer_types") or ["sliding_attention"] * L
-    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    types = c.get("layer_types") or (default_types(c) if default_types else ["sliding_attention"] * L)
     if any(t not in ("sliding_attention", "full_attention") for t in types) or len(types) != L:
         raise ConfigError(f"{what} layer_types={types!r}: only sliding_attention and full_attention layers convert")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if len(full) == L:
+        return []
     every = full[0] + 1 if full else 0
     if full and full != list(range(every - 1, L, every)):
         raise ConfigError(f"{what} layer_types: global layers at {full} are not every n-th layer, the one pattern "
                           "attention.global_every expresses")
-    if not full and types.count("sliding_attention") != L:
-        raise ConfigError(f"{what} layer_types={types!r} is not supported")
     return [f"attention.window={window}"] + ([f"attention.global_every={every}"] if every else [])
+
+
+def gemma2_types(c: dict) -> list[str]:
+    """Gemma 2's default (Gemma2Config): sliding, then global, alternating from the first layer."""
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(c["num_hidden_layers"])]
+
+
+def qwen3_types(c: dict) -> list[str]:
+    """Qwen3's default (Qwen3Config): the layers from ``max_window_layers`` on slide, those below are global."""
+    first = c.get("max_window_layers", c["num_hidden_layers"])
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(c["num_hidden_layers"])]
 
 
 class Olmo2(Llama):
@@ -71,7 +84,7 @@ class Qwen3(Llama):
         out = super().overrides(c)
         eps = c.get("rms_norm_eps", 1e-6)
         return out + [f"attention.qk_norm={{name:rms,eps:{eps}}}", "attention.qk_norm_scope=head"] + \
-            window_overrides(c, "Qwen3 config.json:")
+            window_overrides(c, "Qwen3 config.json:", qwen3_types)
 
     def mismatch(self, run: dict) -> Optional[str]:
         return "modforge exports Qwen3 models as nothing yet (they convert in)"
@@ -84,7 +97,7 @@ class Gemma2(Llama):
              "r_ffn.norm": "pre_feedforward_layernorm", "r_ffn.post": "post_feedforward_layernorm"}
 
     def norm_weight(self, w: torch.Tensor) -> torch.Tensor:
-        return w.float().add(1.0).to(w.dtype)  # Gemma's RMSNorm multiplies by (1 + weight), in float32
+        return w.float() + 1.0  # Gemma's RMSNorm multiplies by (1 + weight), in float32 (convert casts it once)
 
     def overrides(self, c: dict) -> list[str]:
         what = "Gemma2 config.json:"
@@ -104,7 +117,7 @@ class Gemma2(Llama):
             out.append(f"attention.logit_cap={c['attn_logit_softcapping']}")
         if c.get("final_logit_softcapping") is not None:
             out += ["logits=softcap", f"logits.cap={c['final_logit_softcapping']}"]
-        return out + window_overrides(c, what)
+        return out + window_overrides(c, what, gemma2_types)
 
     def mismatch(self, run: dict) -> Optional[str]:
         return "modforge exports Gemma 2 models as nothing yet (they convert in)"
@@ -113,6 +126,9 @@ class Gemma2(Llama):
 class Mixtral(Llama):
     """Mixtral (``MixtralForCausalLM``): Llama with a sparse mixture of SwiGLU experts in every block (``ffn=moe``,
     ``ffn.expert={name:swiglu,match_params:false}``, top-k renormalised, dropless), its sliding window where set.
+    Hugging Face computes one balancing loss over every layer's router at once; modforge adds one per layer
+    (Switch, ST-MoE, DeepSeekMoE), so ``router_aux_loss_coef`` is divided by the number of layers: the total is
+    of the same scale, not equal (the two agree when every layer routes alike).
     Reads the layout of the Hub's checkpoints, ``block_sparse_moe.experts.N.w1 / w3 / w2`` (transformers 5 fuses
     the experts in memory and writes this layout back)."""
 
@@ -124,7 +140,7 @@ class Mixtral(Llama):
         out = _set(out, "ffn", "moe")
         return out + ["ffn.expert={name:swiglu,match_params:false}", f"ffn.n_experts={c['num_local_experts']}",
                       f"ffn.top_k={c.get('num_experts_per_tok', 2)}",
-                      f"ffn.aux_loss_coef={c.get('router_aux_loss_coef', 0.001)}"] + \
+                      f"ffn.aux_loss_coef={c.get('router_aux_loss_coef', 0.001) / c['num_hidden_layers']:.6g}"] + \
             window_overrides(c, "Mixtral config.json:")
 
     def to_ours(self, theirs: dict, c: dict, n_layers: int) -> tuple[dict, list]:
