@@ -568,7 +568,9 @@ def test_beam_search_reorders_every_new_cache_as_recomputing_does(options):
 
 
 def test_configs_without_layer_types_get_their_familys_own_window_pattern():
-    from modforge.checkpoints.families.modern import gemma2_types, qwen3_types, window_overrides
+    from modforge.checkpoints.families.base import window_overrides
+    from modforge.checkpoints.families.gemma2 import gemma2_types
+    from modforge.checkpoints.families.qwen3 import qwen3_types
 
     c = {"sliding_window": 4096, "max_position_embeddings": 8192, "num_hidden_layers": 26}
     assert window_overrides(c, "x", gemma2_types) == ["attention.window=4096", "attention.global_every=2"]

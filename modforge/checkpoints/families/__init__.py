@@ -1,5 +1,5 @@
-"""Pretrained checkpoints of Hugging Face families as modforge models, and back (one module each): GPT-2, Llama (with GQA; Mistral's
-checkpoints too) and BERT.
+"""Pretrained checkpoints of Hugging Face families as modforge models, and back (one module each): GPT-2, Llama (with
+GQA; Mistral's checkpoints too), BERT, OLMo 2, Qwen3, Gemma 2, Mixtral and GPT-J.
 
 A :class:`Family` says, for one Hugging Face ``model_type``, how its
 ``config.json`` reads as modforge overrides (``model.d_model=768``,
@@ -21,7 +21,7 @@ The conventions that make the numbers equal, family by family:
 * BERT: Post-LN with LayerNorm (eps 1e-12), LayerNorm on the embeddings, token-type
   embeddings, exact GELU, and the masked-LM head's transform and bias; pooler and
   next-sentence head are not part of a masked LM and are left out (listed).
-* OLMo 2, Qwen3, Gemma 2, Mixtral and GPT-J (in only; :mod:`modforge.checkpoints.families.modern`): Llama's layout with
+* OLMo 2, Qwen3, Gemma 2, Mixtral and GPT-J (in only): Llama's layout (GPT-J's own) with
   QK-norm, reordered and sandwich norms, soft-capping, sliding windows, a mixture of experts, parallel blocks.
 """
 from modforge.checkpoints.families.base import (Family, read_hf_dir, read_hf_weights,  # noqa: F401 - public
@@ -29,7 +29,11 @@ from modforge.checkpoints.families.base import (Family, read_hf_dir, read_hf_wei
 from modforge.checkpoints.families.bert import Bert
 from modforge.checkpoints.families.gpt2 import GPT2
 from modforge.checkpoints.families.llama import Llama, Mistral
-from modforge.checkpoints.families.modern import GPTJ, Gemma2, Mixtral, Olmo2, Qwen3
+from modforge.checkpoints.families.gemma2 import Gemma2
+from modforge.checkpoints.families.gptj import GPTJ
+from modforge.checkpoints.families.mixtral import Mixtral
+from modforge.checkpoints.families.olmo2 import Olmo2
+from modforge.checkpoints.families.qwen3 import Qwen3
 from modforge.errors import ConfigError
 
 FAMILIES = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Bert(), Olmo2(), Qwen3(), Gemma2(), Mixtral(), GPTJ())}

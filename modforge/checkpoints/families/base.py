@@ -152,3 +152,31 @@ def specials_of(c: dict, tok_dir: Path) -> tuple[dict, dict]:
                 if isinstance(v, str):
                     names.setdefault(role, v)
     return out, names
+
+
+def set_override(out: list[str], key: str, value: str) -> list[str]:
+    """``out`` with ``key=...`` replaced by (or, when absent, extended with) ``key=value``."""
+    kept = [o for o in out if not o.startswith(key + "=")]
+    return kept + [f"{key}={value}"]
+
+
+def window_overrides(c: dict, what: str, default_types=None) -> list[str]:
+    """A config's sliding window as ``attention.window`` and ``global_every``: ``layer_types`` (or, where the
+    config has none, ``default_types(c)``: the family's own default, as Hugging Face fills it in; None: every
+    layer windowed) must be sliding everywhere but every n-th layer (n, 2n ...), which is global; a window no
+    shorter than the positions is none."""
+    window, n = c.get("sliding_window"), c["max_position_embeddings"]
+    if window is None or window >= n or not c.get("use_sliding_window", True):
+        return []
+    L = c["num_hidden_layers"]
+    types = c.get("layer_types") or (default_types(c) if default_types else ["sliding_attention"] * L)
+    if any(t not in ("sliding_attention", "full_attention") for t in types) or len(types) != L:
+        raise ConfigError(f"{what} layer_types={types!r}: only sliding_attention and full_attention layers convert")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if len(full) == L:
+        return []
+    every = full[0] + 1 if full else 0
+    if full and full != list(range(every - 1, L, every)):
+        raise ConfigError(f"{what} layer_types: global layers at {full} are not every n-th layer, the one pattern "
+                          "attention.global_every expresses")
+    return [f"attention.window={window}"] + ([f"attention.global_every={every}"] if every else [])
