@@ -411,12 +411,17 @@ def mixtral(tmp_path_factory):
     return convert(save(hf, tok, root / "mixtral"), root / "mixtral.ckpt"), hf
 
 
-def test_converted_mixtral_gives_hugging_faces_logits_and_decodes_as_its_cache_does(mixtral):
-    (path, summary), hf = mixtral
-    assert {"ffn=moe", "ffn.n_experts=4", "ffn.top_k=2"} <= set(summary["overrides"])
+def converted_matches_hf(path, hf) -> None:
+    """A converted checkpoint gives HF's logits on a left-padded batch and decodes as HF's cache does."""
     task = load_checkpoint(str(path))
     assert padded_logits_gap(task, hf) < 1e-5
     cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))
+
+
+def test_converted_mixtral_gives_hugging_faces_logits_and_decodes_as_its_cache_does(mixtral):
+    (path, summary), hf = mixtral
+    assert {"ffn=moe", "ffn.n_experts=4", "ffn.top_k=2"} <= set(summary["overrides"])
+    converted_matches_hf(path, hf)
 
 
 # --------------------------------------------------------------------------- parallel blocks
@@ -445,9 +450,7 @@ def test_converted_gptj_gives_hugging_faces_logits_and_decodes_as_its_cache_does
                 p.add_(torch.randn_like(p) * 0.3)
     path, summary = convert(save(hf, tok, tmp_path / "gptj"), tmp_path / "gptj.ckpt")
     assert {"residual=parallel", "pos.fraction=0.5", "pos.pairing=interleaved"} <= set(summary["overrides"])
-    task = load_checkpoint(str(path))
-    assert padded_logits_gap(task, hf) < 1e-5
-    cached_decoding_matches(hf, task.model, *padded_batch(task.tokenizer, TEXTS))
+    converted_matches_hf(path, hf)
 
 
 # --------------------------------------------------------------------------- differential attention
