@@ -588,3 +588,19 @@ def test_every_command_explains_itself(module, capsys):
     out = capsys.readouterr().out
     command = {"modforge.catalog": "python -m modforge list"}.get(module, f"python -m {module}")
     assert command in out and ("Example" in out or "  python -m" in out), out[:500]
+
+
+def test_a_run_ending_between_validations_saves_its_last_step_and_resumes_from_it_exactly(tmp_path):
+    """max_steps=7 with validations every 5: last.ckpt holds step 7 (Lightning alone left it at step 5, so the
+    run's last two steps were lost and generate/eval read older weights than metrics.json reported)."""
+    base = ["data.max_chars=50000", "sample=false"]
+    last = ["trainer.val_check_interval=5"]  # (after tiny_overrides' own)
+    first = run(compose(tiny_overrides(steps=7) + base + last), tmp_path / "a")
+    assert torch.load(first["checkpoint"], weights_only=False)["global_step"] == 7
+    task = load_checkpoint(first["checkpoint"])
+    x = torch.randint(5, task.tokenizer.vocab_size, (1, 16))
+    resumed = run(compose(tiny_overrides(steps=10) + base + last + [f"resume={first['checkpoint']}"]), tmp_path / "b")
+    whole = run(compose(tiny_overrides(steps=10) + base + last), tmp_path / "c")
+    assert resumed["resumed_at_steps"] == [7] and resumed["data_checksum"] == whole["data_checksum"]
+    assert resumed["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)
+    assert torch.isfinite(task.model(x)).all()

@@ -190,11 +190,20 @@ def weights_fingerprint(module) -> tuple:
 
 
 class Checkpoints(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``, writing nothing once ``divergence`` has stopped the run."""
+    """Lightning's ``ModelCheckpoint``, writing nothing once ``divergence`` has stopped the run, and writing
+    ``last.ckpt`` when training ends at a step no validation checkpointed (``max_steps`` not a multiple of
+    ``val_check_interval``): Lightning writes it at the end only if it never wrote one, so the last steps'
+    weights were lost, and ``generate`` or ``eval`` of the run read older weights than its metrics.json."""
 
     def __init__(self, divergence: DivergenceStop, **kwargs: Any):
         super().__init__(**kwargs)
         self.divergence = divergence
+
+    def on_train_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        if self.save_last and self._last_checkpoint_saved and self._last_global_step_saved < trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            return
+        super().on_train_end(trainer, pl_module)
 
     def _save_checkpoint(self, trainer: "L.Trainer", filepath: str) -> None:  # every save (top-k, last, end, ...)
         if self.divergence.diverged_at is None and self.divergence.bad_steps == 0:  # never non-finite weights
