@@ -14,6 +14,8 @@ VERBS = {
     "study": ("modforge.study", "a declared study end to end: tuned arms, adaptive seeds, a ladder, one report"),
     "export": ("modforge.export", "a checkpoint as safetensors and config.json, or a Hugging Face directory"),
     "convert": ("modforge.convert", "a Hugging Face model directory (GPT-2, Llama, BERT) as a modforge checkpoint"),
+    "eval": ("modforge.evaluate", "score a checkpoint on downstream tasks: JSONL tasks, lm-evaluation-harness tasks"),
+    "prepare": ("modforge.prepare", "text files or a cached dataset as token shards, for data=tokens"),
 }
 
 USAGE = "usage: python -m modforge <verb> [arguments]   (also: modforge <verb> ...)\n\nverbs:\n" + "\n".join(

@@ -36,7 +36,7 @@ def load_builtins() -> None:
         from modforge.components import (norms, residual, ffn, activations, positions, attention,  # noqa: F401
                                          logits, muon, moe, diff_attention, mla)
         from modforge.tasks import classify, lm, seq2seq  # noqa: F401  the tasks
-        from modforge.data import classify as _c, lm as _l, parallel, seq2seq as _s  # noqa: F401  the data sets
+        from modforge.data import classify as _c, lm as _l, parallel, seq2seq as _s, tokens as _t  # noqa: F401  data sets
         from modforge.components import optim  # noqa: F401  optim, scheduler
         from modforge.models import param, umup  # noqa: F401  param (the parametrisations)
     _builtins_loaded = True

@@ -67,6 +67,7 @@ REFERENCE_TESTS = {
              "transduce": "test_tasks::test_transduce_predicts_the_target_at_each_source_position",
              "classify": "test_data::test_classify_trains_and_its_checkpoint_keeps_the_labels"},
     "data": {"stdlib": "test_data::test_stdlib_keeps_its_text_split_and_ids",
+             "tokens": "test_tokens_data::test_prepare_writes_whole_documents_with_end_marks_and_the_same_bytes_with_any_number_of_workers",
              "tinyshakespeare": "test_data::test_tinyshakespeare_local_copy_is_the_standard_split",
              "text": "test_data::test_text_reads_files_and_globs_in_order",
              "hf": "test_data::test_hf_reads_a_datasets_split_by_field",

@@ -17,10 +17,11 @@ PKG = ROOT / "modforge"
 # (floor, room, what it holds); a room is a folder of modforge/ or a top-level module; the commands share the
 # top floor. Floors from the top down; the drawn map in README.md is this table.
 ROOMS = [
-    (13, "train.py generate.py catalog.py report.py study.py export.py convert.py __main__.py",
+    (13, "train.py generate.py catalog.py report.py study.py export.py convert.py prepare.py evaluate.py "
+         "__main__.py",
      "the commands: python -m modforge.<module>, python -m modforge <verb>, modforge <verb>"),
-    (12, "cli/", "what commands share: one-line errors, train's help and Tab completion, the registry as cached "
-                 "data, the pre-flight of the command line, resume= on the command line"),
+    (12, "cli/ harness.py", "what commands share: one-line errors, train's help and Tab completion, the registry as cached "
+                 "data, the pre-flight of the command line, resume= on the command line; lm-evaluation-harness's model adapter"),
     (11, "studies/", "a study's design, stages (each an in-process sweep), tuning, adaptive seeds, ladder fits and "
                      "report"),
     (10, "sweeps/", "a command's jobs planned once (grid, composition, checks, each directory's state), the plan "
@@ -35,9 +36,9 @@ ROOMS = [
                    "sweep's jobs, Hydra's command-line words, directory resolvers"),
     (5, "plugins.py", "loads the built-in components, then every installed plugin"),
     (4, "tasks/", "the LightningModules: objectives, metrics, sampling"),
-    (3, "models/", "blocks, stacks and the three architectures; decoding (greedy, sampling, beam, KV cache); parametrisations (standard, µP, u-µP) and their coordinate checks"),
+    (3, "models/ evals/", "blocks, stacks and the three architectures; decoding (greedy, sampling, beam, KV cache); parametrisations (standard, µP, u-µP) and their coordinate checks; downstream tasks in JSONL and their scoring"),
     (2, "components/ data/", "one file per kind of component (norms, residual, ffn, activations, positions, "
-                             "attention, optim); datamodules, tokenizers, caches, loaders"),
+                             "attention, optim); datamodules, tokenizers, caches, loaders, token shards and prepare"),
     (1, "registry/ utils/", "kinds, declare, @register, build: the single source of truth; files, readers of "
                               "every format (one line per failure), console output, device decisions"),
     (0, "errors.py", "the error classes every layer raises"),
@@ -172,3 +173,12 @@ def test_readme_map_is_the_layering_table():
     start = text.index("<!-- map: filled from tests/test_layering.py -->")
     block = text[start:].split("```text\n", 1)[1].split("\n```", 1)[0]
     assert block == drawn_map(), "README's map differs from tests/test_layering.py's ROOMS; paste:\n" + drawn_map()
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject lists its packages: one left out is missing from a non-editable install (pip install .)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PKG.rglob("__init__.py")}
+    assert found <= listed, f"packages missing from pyproject.toml's list: {sorted(found - listed)}"

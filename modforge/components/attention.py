@@ -69,8 +69,12 @@ class Attention(nn.Module):
     queries and keys, ``pos.attn_bias`` as an additive bias), or cross-attention
     over ``memory`` when built with ``cross=True``. ``key_mask`` (B, Tk) is True
     at real keys. ``cache`` is what :meth:`new_cache` returned, or None. ``positions`` (B, T) are per-row
-    positions for ``pos`` (None: offset + 0..T-1 in every row); passed only when given.
+    positions for ``pos`` (None: offset + 0..T-1 in every row); passed only when given. ``documents`` (B, T),
+    passed only when given (packed training sequences, no cache), numbers each token's document: a query attends
+    to keys of its own document alone. An attention that takes it sets :attr:`masks_documents`.
     """
+
+    masks_documents = False  # True: forward takes documents= (task.document_mask needs it)
 
     score_scale: Optional[float] = None  # SDPA's scale= (None: its own 1/sqrt(d_head)); set by a parametrisation
     scales_scores = False  # True: forward passes score_scale to SDPA (param=mup needs it to change the scale)
@@ -169,9 +173,12 @@ class KVCache:
 def build_mask(
     B: int, tq: int, tk: int, *, causal: bool, offset: int, key_mask: Optional[torch.Tensor],
     bias: Optional[torch.Tensor], device: torch.device, dtype: torch.dtype, window: Optional[int] = None,
-    key_pos: Optional[torch.Tensor] = None,
+    key_pos: Optional[torch.Tensor] = None, documents: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
-    """One SDPA mask combining causal, sliding-window, key-padding and additive bias; True/0 = attend.
+    """One SDPA mask combining causal, sliding-window, key-padding, document and additive bias; True/0 = attend.
+
+    ``documents`` (B, T) numbers each token's document (packed training sequences, no cache): a query sees only
+    keys of its own document, a block-diagonal mask (each query sees itself, so none is left without a key).
 
     Queries are at positions offset .. offset + tq - 1; keys at ``key_pos`` (tk,) (None: 0 .. tk - 1, every
     position so far, as a full cache holds them; a window cache holds only its latest)."""
@@ -185,6 +192,11 @@ def build_mask(
         allowed = near if allowed is None else allowed & near
     if allowed is not None:
         allowed = allowed[None, None]  # (1,1,tq,tk)
+    if documents is not None:
+        if tq != tk or offset:
+            raise ValueError("documents= masks a whole packed sequence (no cache, no offset)")
+        same = documents[:, None, :, None] == documents[:, None, None, :]  # (B,1,T,T)
+        allowed = same if allowed is None else allowed & same
     if key_mask is not None:
         km = key_mask[:, None, None, :tk]  # (B,1,1,tk)
         if allowed is None:
@@ -292,6 +304,8 @@ class MultiHeadAttention(Attention):
     Queries, keys and values come from one fused projection (keys and values from one, in cross-attention);
     :meth:`kv_heads` is how many key/value heads it computes (all ``n_heads`` here; fewer in ``gqa``)."""
 
+    masks_documents = True
+
     param_roles = {"qkv.weight": "hidden", "q.weight": "hidden", "kv.weight": "hidden", "out.weight": "hidden",
                    "gate.weight": "hidden", "*.bias": "vector"}
     scales_scores = True
@@ -385,6 +399,7 @@ class MultiHeadAttention(Attention):
         memory: Optional[torch.Tensor] = None,
         cache: Optional[KVCache] = None,
         positions: Optional[torch.Tensor] = None,
+        documents: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
         H, Hkv = self.n_heads, self.n_kv
@@ -440,7 +455,7 @@ class MultiHeadAttention(Attention):
         dropout = self.dropout if self.training else 0.0
         gqa = {"enable_gqa": True} if Hkv != H else {}
         window = self.window if self.windowed else None
-        if (key_mask is None and bias is None and window is None and self.logit_cap is None
+        if (key_mask is None and bias is None and window is None and self.logit_cap is None and documents is None
                 and (not causal or offset == 0 or T == 1)):
             # fast path: SDPA's own causal flag (top-left aligned, exact when offset == 0;
             # a single cached query sees every key, so no mask at all)
@@ -448,7 +463,7 @@ class MultiHeadAttention(Attention):
                                                scale=self.score_scale, **gqa)
         else:
             mask = build_mask(B, T, tk, causal=causal, offset=offset, key_mask=key_mask, bias=bias,
-                              device=x.device, dtype=q.dtype, window=window, key_pos=key_pos)
+                              device=x.device, dtype=q.dtype, window=window, key_pos=key_pos, documents=documents)
             if self.logit_cap is not None:
                 scale = self.score_scale if self.score_scale is not None else self.d_head ** -0.5
                 y = soft_capped_attention(q, k, v, mask, scale=scale, cap=self.logit_cap, dropout=dropout)

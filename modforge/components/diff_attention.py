@@ -31,6 +31,8 @@ from modforge.registry import ConfigError, build, register
 class DifferentialAttention(Attention):
     """(softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)) V per head, RMSNorm'd (Ye et al. 2024)"""
 
+    masks_documents = True
+
     param_roles = {"q.weight": "hidden", "kv.weight": "hidden", "qkv.weight": "hidden", "out.weight": "hidden",
                    "lambda_*": "vector", "*.bias": "vector"}
     scales_scores = True
@@ -90,7 +92,7 @@ class DifferentialAttention(Attention):
 
     def forward(self, x: torch.Tensor, *, pos=None, causal: bool = False, key_mask: Optional[torch.Tensor] = None,
                 memory: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None,
-                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+                positions: Optional[torch.Tensor] = None, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, _ = x.shape
         H, d = self.n_heads, self.d_head
         halves = lambda t: t.view(B, -1, 2 * H, d).transpose(1, 2)  # noqa: E731 - (B, 2H, T, d)
@@ -119,7 +121,7 @@ class DifferentialAttention(Attention):
         scale = self.score_scale if self.score_scale is not None else d ** -0.5
         scores = (q @ k.transpose(-2, -1)).float() * scale
         mask = build_mask(B, T, tk, causal=causal, offset=offset, key_mask=key_mask, bias=bias, device=x.device,
-                          dtype=torch.float32)
+                          dtype=torch.float32, documents=documents)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         p = F.softmax(scores, dim=-1).view(B, H, 2, T, tk)

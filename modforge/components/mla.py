@@ -32,6 +32,8 @@ from modforge.registry import ConfigError, build, register
 class MultiHeadLatentAttention(Attention):
     """keys and values from one cached low-rank latent per token, a decoupled rotary key (DeepSeek-V2)"""
 
+    masks_documents = True
+
     param_roles = {"q.weight": "hidden", "q_a.weight": "hidden", "q_b.weight": "hidden", "kv_a.weight": "hidden",
                    "kv_b.weight": "hidden", "out.weight": "hidden", "*.bias": "vector"}
     scales_scores = True
@@ -102,7 +104,7 @@ class MultiHeadLatentAttention(Attention):
 
     def forward(self, x: torch.Tensor, *, pos=None, causal: bool = False, key_mask: Optional[torch.Tensor] = None,
                 memory: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None,
-                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+                positions: Optional[torch.Tensor] = None, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, _ = x.shape
         H = self.n_heads
         q = self.q_b(self.q_norm(self.q_a(x))) if hasattr(self, "q_a") else self.q(x)
@@ -130,10 +132,10 @@ class MultiHeadLatentAttention(Attention):
         q = torch.cat([q_nope, q_rope], -1)
         dropout = self.dropout if self.training else 0.0
         scale = self.score_scale if self.score_scale is not None else self.d_head ** -0.5
-        if key_mask is None and bias is None and (not causal or offset == 0 or T == 1):
+        if key_mask is None and bias is None and documents is None and (not causal or offset == 0 or T == 1):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal and T > 1, scale=scale)
         else:
             mask = build_mask(B, T, tk, causal=causal, offset=offset, key_mask=key_mask, bias=bias,
-                              device=x.device, dtype=q.dtype)
+                              device=x.device, dtype=q.dtype, documents=documents)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
         return self.out(y.transpose(1, 2).reshape(B, T, H * self.dv))

@@ -27,17 +27,22 @@ class DataFacts:
     tokens_per_char: Optional[float] = None  # of the validation text: nats/token -> bits/char (None: not text)
     labels: Optional[list] = None  # class names, in label-id order (classification data)
     stats: dict = field(default_factory=dict)  # figures for metrics.json: sizes, a unigram baseline, ...
+    eod_id: Optional[int] = None  # the id that parts documents in the token stream (None: no document marks)
+    eod_policy: str = "end"  # end: that id closes each document (nanoGPT); start: it opens each (llm.c)
+    tokens_per_byte: Optional[float] = None  # of the validation text's UTF-8: nats/token -> bits/byte (None: unknown)
 
     def state(self) -> dict:
         """Plain containers only (what a checkpoint stores)."""
         return {"tokenizer": self.tokenizer.state(), "positions": int(self.positions),
                 "tokens_per_char": self.tokens_per_char, "labels": list(self.labels) if self.labels else None,
-                "stats": dict(self.stats)}
+                "stats": dict(self.stats), "eod_id": self.eod_id, "eod_policy": self.eod_policy,
+                "tokens_per_byte": self.tokens_per_byte}
 
     @classmethod
     def from_state(cls, state: dict) -> "DataFacts":
         return cls(load_tokenizer(state["tokenizer"]), int(state["positions"]), state.get("tokens_per_char"),
-                   state.get("labels"), dict(state.get("stats") or {}))
+                   state.get("labels"), dict(state.get("stats") or {}), state.get("eod_id"),
+                   state.get("eod_policy", "end"), state.get("tokens_per_byte"))
 
 
 TOKENS = "a token stream"  # batches (x, y): windows of one token sequence

@@ -101,15 +101,15 @@ class TokenArray:
     rather than receiving a copy of the data.
     """
 
-    def __init__(self, path: Path, dtype: Any, n: int):
-        self.path, self.dtype, self.n = Path(path), np.dtype(dtype), int(n)
+    def __init__(self, path: Path, dtype: Any, n: int, offset: int = 0):
+        self.path, self.dtype, self.n, self.offset = Path(path), np.dtype(dtype), int(n), int(offset)
         self._mm = None
 
     @property
     def array(self) -> np.ndarray:
         if self._mm is None:
-            self._mm = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n,)) if self.n else \
-                np.zeros(0, dtype=self.dtype)
+            self._mm = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.n,)) \
+                if self.n else np.zeros(0, dtype=self.dtype)
         return self._mm
 
     def __len__(self) -> int:
@@ -119,7 +119,7 @@ class TokenArray:
         return self.array[key]
 
     def __getstate__(self):
-        return {"path": self.path, "dtype": self.dtype, "n": self.n, "_mm": None}
+        return {**self.__dict__, "_mm": None}
 
     def __repr__(self) -> str:
         return f"TokenArray({str(self.path)!r}, {self.dtype}, n={self.n})"

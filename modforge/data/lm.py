@@ -75,13 +75,30 @@ class Windows(Dataset):
     def __getitem__(self, i: int):
         s = int(self.starts[i])
         w = self.tokens[s : s + self.block + 1]
-        if not isinstance(w, torch.Tensor):
-            w = torch.from_numpy(np.array(w, dtype=np.int64))
-        x, y = w[:-1], w[1:]
-        if self.score_last is not None and self.score_last < self.block:
-            y = y.clone()
-            y[: self.block - self.score_last] = IGNORE
-        return x, y
+        return window_pair(w, self.block, self.score_last)
+
+
+def windows_loader(module: DataModule, ds: Dataset) -> DataLoader:
+    """The training loader of a dataset of windows: shuffled every epoch, or, past :data:`SHUFFLE_LIMIT` windows,
+    starts drawn with replacement (no permutation of every position held in memory)."""
+    c, n = module.cfg, len(ds)
+    kw = dict(batch_size=c.batch_size, drop_last=True, num_workers=c.num_workers,
+              persistent_workers=c.num_workers > 0)
+    if n <= SHUFFLE_LIMIT:
+        return module.train_loader(ds, **kw)
+    return module.train_loader(ds, replacement=True, num_samples=n, **kw)
+
+
+def window_pair(w: Any, block: int, score_last: Optional[int] = None) -> tuple:
+    """``block + 1`` token ids -> (x, y) int64, y the ids after x; with ``score_last`` only y's last
+    ``score_last`` targets are scored (the others :data:`~modforge.utils.targets.IGNORE`)."""
+    if not isinstance(w, torch.Tensor):
+        w = torch.from_numpy(np.array(w, dtype=np.int64))
+    x, y = w[:-1], w[1:]
+    if score_last is not None and score_last < block:
+        y = y.clone()
+        y[: block - score_last] = IGNORE
+    return x, y
 
 
 @dataclass
@@ -164,13 +181,7 @@ class TextLMData(DataModule):
 
     def train_dataloader(self) -> DataLoader:
         b = self.cfg.block_size
-        n = len(self.train_tokens) - b
-        ds = Windows(self.train_tokens, b, range(n))
-        kw = dict(batch_size=self.cfg.batch_size, drop_last=True, num_workers=self.cfg.num_workers,
-                  persistent_workers=self.cfg.num_workers > 0)
-        if n <= SHUFFLE_LIMIT:
-            return self.train_loader(ds, **kw)
-        return self.train_loader(ds, replacement=True, num_samples=n, **kw)
+        return windows_loader(self, Windows(self.train_tokens, b, range(len(self.train_tokens) - b)))
 
     def val_dataloader(self) -> DataLoader:
         b, stride = self.cfg.block_size, self.cfg.val_stride

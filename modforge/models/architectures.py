@@ -178,6 +178,7 @@ class DecoderOnly(Model):
     """GPT-style causal language model."""
 
     can_generate = True
+    masks_documents = True  # forward takes documents= (packed training sequences)
 
     def __init__(self, cfg: ModelConfig, parts: Parts, vocab_size: int):
         super().__init__(cfg, vocab_size, parts)
@@ -187,11 +188,14 @@ class DecoderOnly(Model):
 
     def forward(self, idx: torch.Tensor, mask: Optional[torch.Tensor] = None, cache: Optional[list] = None,
                 offset: int = 0, positions: Optional[torch.Tensor] = None,
-                token_types: Optional[torch.Tensor] = None) -> torch.Tensor:
+                token_types: Optional[torch.Tensor] = None, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx (B, T) -> logits (B, T, V). ``mask`` (B, T) True at real tokens; ``cache`` from :meth:`new_cache`;
-        ``positions`` (B, T) each row's positions (a left-padded batch), else offset + 0..T-1."""
+        ``positions`` (B, T) each row's positions (a left-padded batch, or restarting at each document), else
+        offset + 0..T-1; ``documents`` (B, T) each token's document number: attention stays inside a document
+        (training on packed documents; not with a cache)."""
         x = self.embed(idx, offset, positions, token_types)
-        return self.logits(self.decoder(x, pos=self.embed.pos, mask=mask, cache=cache, positions=positions))
+        at = {} if documents is None else {"documents": documents}
+        return self.logits(self.decoder(x, pos=self.embed.pos, mask=mask, cache=cache, positions=positions, **at))
 
     def new_cache(self, capacity: Optional[int] = None) -> list:
         return self.decoder.new_cache(capacity or self.cfg.max_len)

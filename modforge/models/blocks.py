@@ -72,9 +72,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, *, pos, mask: Optional[torch.Tensor] = None,
                 memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
-                cache: Optional[dict] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cache: Optional[dict] = None, positions: Optional[torch.Tensor] = None,
+                documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         cache = cache or {}
         at = {} if positions is None else {"positions": positions}
+        if documents is not None:  # (passed only when given: an attention written before documents still works)
+            at["documents"] = documents
 
         def attend(h):
             return self.self_attn(h, pos=pos, causal=self.causal, key_mask=mask, cache=cache.get("self"), **at)
@@ -129,10 +132,12 @@ class Stack(nn.Module):
         ]
 
     def forward(self, x: torch.Tensor, *, pos, mask=None, memory=None, memory_mask=None,
-                cache: Optional[list] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cache: Optional[list] = None, positions: Optional[torch.Tensor] = None,
+                documents: Optional[torch.Tensor] = None) -> torch.Tensor:
+        at = {} if documents is None else {"documents": documents}
         for i, block in enumerate(self.blocks):
             x = block(x, pos=pos, mask=mask, memory=memory, memory_mask=memory_mask,
-                      cache=cache[i] if cache is not None else None, positions=positions)
+                      cache=cache[i] if cache is not None else None, positions=positions, **at)
         return self.final_norm(x, mask) if self.final_norm is not None else x
 
 

@@ -231,9 +231,9 @@ def check_metric(metric: str, cfg, where: str) -> None:
     report it is checked again on the probe's records (:func:`modforge.studies.stages.check_reported`)."""
     from modforge import registry
 
-    entry, _ = registry.make_config("task", cfg.task)
+    entry, task_cfg = registry.make_config("task", cfg.task)
     heads = ["val", *(f"val@{n}" for n in cfg.get("eval_block_sizes") or [])]
-    declared = [f"{h}/{name}" for h in heads for name in entry.cls.metric_ranges]
+    declared = [f"{h}/{name}" for h in heads for name in entry.cls.declared_metrics(task_cfg)]
     if metric not in declared:
         raise ConfigError(f"study.metric={metric}: not a validation metric of task={entry.name} ({where}); it "
                           f"declares {', '.join(declared)}")

@@ -193,6 +193,12 @@ class Task(L.LightningModule):
             self.batch_checksum = torch.tensor(checkpoint["batch_checksum"], dtype=torch.int64)
 
     @classmethod
+    def declared_metrics(cls, cfg: Any) -> list:
+        """The validation metrics (after ``val/``) a run with task config ``cfg`` logs: by default the names of
+        :attr:`metric_ranges`; a task that logs more (causal_lm's downstream evaluations) says which."""
+        return list(cls.metric_ranges)
+
+    @classmethod
     def metric_info(cls, names: Any) -> dict:
         """{metric: {"low", "high", "better"}} for the logged metrics ``names`` that :attr:`metric_ranges` knows
         (``val@128/loss`` is a ``loss``)."""

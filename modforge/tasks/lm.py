@@ -1,5 +1,5 @@
 """Language-modelling tasks: ``causal_lm`` (next token) and ``masked_lm`` (BERT-style)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -9,6 +9,9 @@ from modforge.data.base import TOKENS
 from modforge.models.decoding import generate
 from modforge.registry import ConfigError, register
 from modforge.tasks.base import IGNORE, Task, TaskConfig, bits
+from modforge.evals.scoring import Scores, score
+from modforge.evals.tasks import load_tasks, metric_names
+from modforge.utils.documents import document_ids
 
 
 @dataclass
@@ -17,6 +20,10 @@ class CausalLMConfig(TaskConfig):
     sample_prompt: str = "\n"
     sample_temperature: float = 0.8
     sample_top_k: int = 0  # 0: no top-k filter
+    document_mask: bool = False  # attention stays inside each packed document (data with end-of-document ids)
+    document_positions: str = "restart"  # with document_mask: positions count from 0 in each document, or continue
+    evals: list = field(default_factory=list)  # downstream tasks scored at every validation: built-in names or .jsonl
+    eval_batch_size: int = 16  # sequences per forward pass of those evaluations
 
     def __post_init__(self):
         super().__post_init__()
@@ -24,20 +31,69 @@ class CausalLMConfig(TaskConfig):
             raise ConfigError(f"task.sample_chars={self.sample_chars}, task.sample_top_k={self.sample_top_k}, "
                               f"task.sample_temperature={self.sample_temperature}: chars >= 0, top_k >= 0, "
                               "temperature > 0")
+        if self.eval_batch_size < 1:
+            raise ConfigError(f"task.eval_batch_size={self.eval_batch_size}: must be >= 1")
+        if self.document_positions not in ("restart", "continue"):
+            raise ConfigError(f"task.document_positions={self.document_positions}: allowed values are restart "
+                              "(positions count from 0 in each document) and continue (as in the window)")
+
+    def check(self, run: dict) -> list:
+        """``evals`` must be readable tasks; ``document_mask`` needs data that marks document ends, and a model
+        and attention that take them."""
+        load_tasks(self.evals, "task.evals")
+        if not self.document_mask:
+            return []
+        from modforge.registry import get
+
+        data = run.get("data", {}).get("name")
+        if not getattr(get("data", data).cls, "marks_documents", False):
+            raise ConfigError(f"task.document_mask=true: data={data} marks no document ends in its token stream; use "
+                              "data=tokens (shards with an end-of-document id: python -m modforge prepare)")
+        attention = (run.get("attention") or {}).get("name")
+        if attention and not getattr(get("attention", attention).cls, "masks_documents", False):
+            raise ConfigError(f"task.document_mask=true: attention={attention} takes no documents= mask")
+        model = (run.get("model") or {}).get("name")
+        if model and not getattr(get("model", model).cls, "masks_documents", False):
+            raise ConfigError(f"task.document_mask=true: model={model} takes no documents= (decoder_only does)")
+        return []
 
 
 @register("task", "causal_lm", config=CausalLMConfig, defaults={"data": "stdlib"})
 class CausalLM(Task):
     """Next-token prediction with teacher forcing; reports val loss and bits per character."""
-    metric_ranges = {**Task.metric_ranges, "bpc": (0.0, None, "min"), "ppl": (1.0, None, "min")}
+    metric_ranges = {**Task.metric_ranges, "bpc": (0.0, None, "min"), "bpb": (0.0, None, "min"),
+                     "ppl": (1.0, None, "min"), "acc": (0.0, 1.0, "max"), "acc_norm": (0.0, 1.0, "max")}
 
     model_needs = {"can_generate": True, "needs_source": False}
     model_role = "a causal decoder (next-token prediction must not see its targets)"
     data_needs = TOKENS
 
+    @classmethod
+    def declared_metrics(cls, cfg) -> list:
+        """The validation metrics a run with task config ``cfg`` logs (after ``val/``): the task's own, and each
+        evaluation task's ``<name>/acc``, ``<name>/acc_norm``, ``<name>/bpb``."""
+        evals = load_tasks(getattr(cfg, "evals", None) or [], "task.evals")
+        return [*super().declared_metrics(cfg), *(f"{t.name}/{m}" for t in evals for m in metric_names(t))]
+
+    def __init__(self, cfg, run_cfg, facts):
+        super().__init__(cfg, run_cfg, facts)
+        self.eval_tasks = load_tasks(cfg.evals, "task.evals")
+        if cfg.document_mask and facts.eod_id is None:
+            raise ConfigError("task.document_mask=true: the data has no end-of-document id (prepared with eod=none?); "
+                              "give data.eod_id=, or prepare the shards with eod=end|start")
+
+    def forward_lm(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's logits for a batch of packed windows: with ``task.document_mask`` each token attends
+        within its document only, at positions that restart there (``document_positions=restart``)."""
+        if not self.cfg.document_mask:
+            return self.model(x)
+        documents, positions = document_ids(x, self.facts.eod_id, self.facts.eod_policy)
+        at = {"positions": positions} if self.cfg.document_positions == "restart" else {}
+        return self.model(x, documents=documents, **at)
+
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = self.xent(self.model(x), y)
+        loss = self.xent(self.forward_lm(x), y)
         self.count_tokens(y.numel())
         self.log("train/loss", loss, prog_bar=True)
         return loss
@@ -46,7 +102,7 @@ class CausalLM(Task):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        logits = self.model(x)
+        logits = self.forward_lm(x)
         loss = self.xent(logits, y, smoothing=0.0)
         if self.position_loss is not None:
             self.position_loss.add(logits, y)
@@ -55,7 +111,34 @@ class CausalLM(Task):
         # bits per character: nats per token -> bits, times tokens per character of the val text
         if self.facts.tokens_per_char is not None:
             self.log_mean("val/bpc", bits(loss) * self.facts.tokens_per_char, n)
+        if self.facts.tokens_per_byte is not None:  # bits per UTF-8 byte: comparable across tokenizers
+            self.log_mean("val/bpb", bits(loss) * self.facts.tokens_per_byte, n)
         return loss
+
+    def on_validation_epoch_end(self) -> None:
+        """The downstream tasks of ``task.evals``, scored on the model as it is now; each DDP rank scores every
+        world_size-th item, and the sums are reduced (one process's figures)."""
+        if not self.eval_tasks:
+            return
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for t in self.eval_tasks:
+                mine = range(rank, len(t), world)
+                s = score(self.model, self.tokenizer, t, self.context_len, self.cfg.eval_batch_size, self.device,
+                          items=mine) if len(mine) else Scores(t.name, t.kind)
+                self.log_scores(s)
+        finally:
+            self.model.train(was_training)
+
+    def log_scores(self, s: Scores) -> None:
+        if s.kind == "choice":
+            n = max(s.items, 0)
+            self.log_mean(f"val/{s.name}/acc", s.correct / n if n else 0.0, n)
+            self.log_mean(f"val/{s.name}/acc_norm", s.correct_norm / n if n else 0.0, n)
+        self.log_mean(f"val/{s.name}/bpb", s.bits / s.bytes if s.bytes else 0.0, s.bytes)
 
     def generate_text(self, prompt: str, max_new: int, temperature: float = 0.8, top_k: int = 0,
                       seed: int = 0) -> str:

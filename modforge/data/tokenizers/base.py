@@ -53,6 +53,11 @@ class Tokenizer:
     def encode_array(self, text: str) -> np.ndarray:
         raise NotImplementedError
 
+    def encode_many(self, texts: Sequence[str]) -> list:
+        """Each text's ids (one array each): what ``prepare`` encodes documents with; a tokenizer that encodes
+        a batch faster than one by one overrides it."""
+        return [self.encode_array(t) for t in texts]
+
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 

@@ -121,6 +121,21 @@ class BPETokenizer(Tokenizer):
                               for e in batch(pieces[i : i + step], add_special_tokens=False)])
         return ids + self.offset if self.offset else ids
 
+    def encode_many(self, texts: Sequence[str]) -> list:
+        """One batch call for many short texts (long ones cut at safe positions, as :meth:`encode_array` does)."""
+        hf = self._need()
+        pieces, owner = [], []
+        for i, t in enumerate(texts):
+            for p in (split_text(t, 1 << 14) if t else []):
+                pieces.append(p)
+                owner.append(i)
+        batch = getattr(hf, "encode_batch_fast", None) or hf.encode_batch
+        out: list = [[] for _ in texts]
+        for i, e in zip(owner, batch(pieces, add_special_tokens=False) if pieces else []):
+            out[i].append(np.asarray(e.ids, dtype=np.int64))
+        arrays = [np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64) for parts in out]
+        return [a + self.offset for a in arrays] if self.offset else arrays
+
     def decode(self, ids: Sequence[int]) -> str:
         lo, hi, off = self.n_special, self.vocab_size, self.offset
         return self._need().decode([int(i) - off for i in ids if lo <= i < hi], skip_special_tokens=True)

@@ -1,0 +1,427 @@
+"""Text into token shards (what ``python -m modforge prepare`` runs): documents in, llm.c-layout shards out.
+
+Documents are read in a fixed order from text files (a file, each line, or each blank-line separated block is
+a document), JSONL files (one object per line, its ``text_field``) or a Hugging Face dataset already in the
+local cache (each row). Document ``i`` goes to validation when ``floor((i + 1) f) > floor(i f)`` with ``f`` the
+validation fraction: exactly that fraction, spread evenly, decided by the index alone.
+
+The tokenizer is trained on the training documents (``bpe``, ``char``: on at most ``fit_chars`` characters of
+them) or loaded (``tokenizer_path``). Documents are encoded in batches by a pool of worker processes, results
+taken in order, so the shards are the same bytes whatever the number of workers. The end-of-document policy
+puts the tokenizer's end-of-text id after each document (``end``: nanoGPT's OpenWebText), before it
+(``start``: llm.c's and modded-nanogpt's FineWeb), or nowhere (``none``).
+
+A shard holds whole documents and closes once it reaches ``shard_tokens``. It is written under a temporary
+name and renamed when whole; then ``.prepare.json`` records it and where each split stands, so a killed
+prepare resumes at the first document not in a finished shard, and no file that looks like a shard is ever
+partial. ``meta.json`` (:data:`~modforge.data.shards.META`) is written last: a directory without it is not
+finished, and ``data=tokens`` refuses it.
+"""
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from modforge.data.corpus import expand_paths, open_text, refuse_binary
+from modforge.data.shards import META, META_FORMAT, META_VERSION, PREPARE_STATE, write_shard
+from modforge.data.tokenizers import Tokenizer, load_tokenizer
+from modforge.registry import ConfigError
+from modforge.utils.files import atomic_file, read_json, remove_stale_temporaries, write_json
+
+STATE = PREPARE_STATE
+DOCUMENTS = ("file", "line", "blank_line")  # how a text file is cut into documents (.jsonl: one per line, always)
+EOD_POLICIES = ("end", "start", "none")
+BATCH_DOCS = 256  # documents per task sent to a worker
+
+
+@dataclass
+class PrepareConfig:
+    out: str
+    input: Optional[str] = None  # comma-separated paths or globs
+    dataset: Optional[str] = None  # a Hugging Face dataset in the local cache
+    subset: Optional[str] = None
+    split: str = "train"
+    text_field: str = "text"
+    documents: str = "file"
+    encoding: str = "utf-8"
+    tokenizer: Optional[str] = None  # None: pretrained with tokenizer_path (the file's own ids), else bpe
+    vocab_size: Optional[int] = None
+    tokenizer_path: Optional[str] = None
+    fit_chars: int = 100_000_000
+    eod: str = "end"
+    val_fraction: float = 0.01
+    shard_tokens: int = 100_000_000
+    workers: int = 0  # 0: every core
+    progress: bool = True
+
+    def identity(self, sources: "Documents") -> dict:
+        """What the shards depend on: a resumed prepare must have the same (workers and progress do not count)."""
+        keep = {k: v for k, v in asdict(self).items() if k not in ("out", "workers", "progress", "input", "dataset")}
+        return {**keep, "sources": sources.identity()}
+
+
+class Documents:
+    """The documents of a prepare, in order: :meth:`__iter__` yields each as text; :meth:`identity` is what
+    changes when they may have."""
+
+    def __init__(self, cfg: PrepareConfig):
+        self.cfg = cfg
+        if bool(cfg.input) == bool(cfg.dataset):
+            raise ConfigError("input= or dataset=: name the text (input=<files or globs, comma-separated>) or a "
+                              "cached Hugging Face dataset (dataset=<name>), one of the two")
+        if cfg.documents not in DOCUMENTS:
+            raise ConfigError(f"documents={cfg.documents}: allowed values are {', '.join(DOCUMENTS)}")
+        self.paths = expand_paths([p for p in str(cfg.input).split(",") if p], "input") if cfg.input else []
+        self.ds = self._load() if cfg.dataset else None
+
+    def _load(self):
+        from modforge.data.lm import HF_INSTALL
+
+        c = self.cfg
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError(f"dataset={c.dataset} needs the optional 'datasets' package: {HF_INSTALL}") from None
+        try:
+            ds = datasets.load_dataset(c.dataset, c.subset, split=c.split)
+        except Exception as e:  # noqa: BLE001 - one line for the library's many errors
+            raise ConfigError(f"dataset={c.dataset} (subset={c.subset}, split={c.split}) could not be loaded: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Without network "
+                              "access it must already be in the datasets cache (then set HF_DATASETS_OFFLINE=1)") \
+                from None
+        if c.text_field not in (getattr(ds, "column_names", None) or []):
+            raise ConfigError(f"text_field={c.text_field}: not a column of {c.dataset} (columns: "
+                              f"{', '.join(getattr(ds, 'column_names', None) or []) or 'none'})")
+        return ds
+
+    def identity(self) -> Any:
+        if self.ds is not None:
+            return {"dataset": self.cfg.dataset, "subset": self.cfg.subset, "split": self.cfg.split,
+                    "fingerprint": getattr(self.ds, "_fingerprint", None)}
+        return [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in self.paths]
+
+    def __iter__(self) -> Iterator[str]:
+        if self.ds is not None:
+            for row in self.ds:
+                t = row[self.cfg.text_field]
+                if t is None:
+                    continue
+                if not isinstance(t, str):
+                    raise ConfigError(f"text_field={self.cfg.text_field}: holds {type(t).__name__} values, not text")
+                yield t
+            return
+        for p in self.paths:
+            if p.endswith(".jsonl"):
+                yield from self._jsonl(p)
+            else:
+                yield from self._text(p)
+
+    def _jsonl(self, path: str) -> Iterator[str]:
+        key = self.cfg.text_field
+        with open_text(path, "input", self.cfg.encoding) as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise ConfigError(f"input={path}: line {n} is not JSON ({e})") from None
+                t = row.get(key) if isinstance(row, dict) else None
+                if not isinstance(t, str):
+                    raise ConfigError(f"input={path}: line {n} has no text field '{key}' (text_field=)")
+                yield t
+
+    def _text(self, path: str) -> Iterator[str]:
+        how = self.cfg.documents
+        with open_text(path, "input", self.cfg.encoding) as fh:
+            if how == "file":
+                text = fh.read()
+                refuse_binary(text, path, "input")
+                yield text
+                return
+            block: list = []
+            for line in fh:
+                refuse_binary(line, path, "input")
+                if how == "line":
+                    if line.strip():
+                        yield line.rstrip("\n")
+                elif line.strip():
+                    block.append(line)
+                elif block:
+                    yield "".join(block).rstrip("\n")
+                    block = []
+            if block:
+                yield "".join(block).rstrip("\n")
+
+
+def is_val(i: int, fraction: float) -> bool:
+    """Whether document ``i`` validates: exactly ``fraction`` of the documents, spread evenly."""
+    return math.floor((i + 1) * fraction) > math.floor(i * fraction)
+
+
+def make_tokenizer(cfg: PrepareConfig) -> Tokenizer:
+    """The tokenizer the options ask for, unfitted (``tokenizer_path`` alone: the file's own ids)."""
+    from modforge.data.config import make_tokenizer as from_data_keys
+
+    @dataclass
+    class Keys:  # the data-config keys make_tokenizer reads
+        tokenizer: str
+        vocab_size: Optional[int]
+        tokenizer_path: Optional[str]
+
+    name = cfg.tokenizer or ("pretrained" if cfg.tokenizer_path else "bpe")
+    if name == "pretrained":
+        from modforge.data.corpus import existing_file
+        from modforge.data.tokenizers.pretrained import PretrainedConfig, PretrainedTokenizer
+
+        existing_file(cfg.tokenizer_path, "tokenizer_path", "a Hugging Face tokenizer.json (tokenizer=pretrained)")
+        return PretrainedTokenizer(PretrainedConfig(path=cfg.tokenizer_path))
+    try:
+        return from_data_keys(Keys(name, cfg.vocab_size, cfg.tokenizer_path))
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("data.", "")) from None
+
+
+# --------------------------------------------------------------------------- workers
+
+_worker_tok: Optional[Tokenizer] = None
+
+
+def _init_worker(state: dict) -> None:
+    global _worker_tok
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _worker_tok = load_tokenizer(state)
+
+
+def _encode(docs: list) -> list:
+    """[(ids, chars, bytes)] for each document (in the worker)."""
+    tok = _worker_tok
+    return [(ids, len(d), len(d.encode("utf-8", "surrogatepass"))) for d, ids in zip(docs, tok.encode_many(docs))]
+
+
+def batches(docs: Iterator[str], start: int, n: int = BATCH_DOCS) -> Iterator[tuple]:
+    """(index of the first document, [documents]) from document ``start`` on."""
+    batch: list = []
+    first = start
+    for i, d in enumerate(docs):
+        if i < start:
+            continue
+        if not batch:
+            first = i
+        batch.append(d)
+        if len(batch) >= n:
+            yield first, batch
+            batch = []
+    if batch:
+        yield first, batch
+
+
+@contextlib.contextmanager
+def encoder(tok: Tokenizer, workers: int) -> Iterator[Callable]:
+    """``map(fn, batches)`` in order: a pool of ``workers`` processes (1: this process)."""
+    if workers <= 1:
+        global _worker_tok
+        _worker_tok = tok
+        yield lambda it: (_encode(b) for _, b in it)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn" if sys.platform == "darwin" else "forkserver")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok.state(),)) as pool:
+        yield lambda it: pool.imap(_encode, (b for _, b in it), chunksize=1)
+
+
+# --------------------------------------------------------------------------- the prepare
+
+@dataclass
+class SplitWriter:
+    """The shards of one split: documents buffered until ``shard_tokens``, then one shard written whole."""
+
+    name: str
+    out: Path
+    dtype: Any
+    shard_tokens: int
+    shards: list = field(default_factory=list)  # finished: {"file", "tokens", "bytes", "max_id", "docs": [a, b)}
+    next_doc: int = 0  # the first document (global index) not in a finished shard
+    totals: dict = field(default_factory=lambda: {"docs": 0, "tokens": 0, "chars": 0, "bytes": 0})
+
+    def __post_init__(self):
+        self.buf: list = []
+        self.buf_tokens = 0
+        self.buf_first: Optional[int] = None
+        self.pending = {"docs": 0, "tokens": 0, "chars": 0, "bytes": 0}
+
+    def add(self, i: int, ids: np.ndarray, chars: int, nbytes: int) -> bool:
+        """Buffer document ``i``; True when a shard was written."""
+        if i < self.next_doc:
+            return False  # already in a finished shard (a resumed prepare)
+        if self.buf_first is None:
+            self.buf_first = i
+        self.buf.append(ids)
+        self.buf_tokens += len(ids)
+        for k, v in (("docs", 1), ("tokens", len(ids)), ("chars", chars), ("bytes", nbytes)):
+            self.pending[k] += v
+        self._last = i
+        if self.buf_tokens >= self.shard_tokens:
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        ids = np.concatenate(self.buf)
+        name = f"{self.name}_{len(self.shards):06d}.bin"
+        with atomic_file(self.out / name) as fh:
+            write_shard(fh, ids, self.dtype)
+        self.shards.append({"file": name, "tokens": int(len(ids)), "bytes": (self.out / name).stat().st_size,
+                            "max_id": int(ids.max()) if len(ids) else -1, "docs": [self.buf_first, self._last + 1]})
+        for k in self.totals:
+            self.totals[k] += self.pending[k]
+        self.next_doc = self._last + 1
+        self.buf, self.buf_tokens, self.buf_first = [], 0, None
+        self.pending = {k: 0 for k in self.pending}
+
+    def state(self) -> dict:
+        return {"shards": self.shards, "next_doc": self.next_doc, "totals": self.totals}
+
+
+def prepare(cfg: PrepareConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
+    """Write ``cfg.out``'s shards and ``meta.json``; returns the meta. Resumes a killed prepare of the same
+    inputs and settings; a finished one is left as it is."""
+    check(cfg)
+    out = Path(os.path.expanduser(cfg.out))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={cfg.out}: a file, not a directory")
+    docs = Documents(cfg)
+    ident = cfg.identity(docs)
+    meta = read_json(out / META)
+    if meta is not None:
+        if meta.get("format") == META_FORMAT and meta.get("identity") == json.loads(json.dumps(ident)):
+            log(f"[modforge] {out}: already prepared from these inputs and settings; nothing to do")
+            return meta
+        raise ConfigError(f"out={cfg.out}: holds shards prepared from other inputs or settings; choose another "
+                          "out= directory (or remove this one)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("train", "val"):
+        for stale in out.glob(f"{name}_*.bin"):
+            remove_stale_temporaries(stale)
+    state = read_json(out / STATE)
+    if state is not None and state.get("identity") != json.loads(json.dumps(ident)):
+        raise ConfigError(f"out={cfg.out}: holds an unfinished prepare of other inputs or settings; choose another "
+                          "out= directory (or remove this one)")
+    if state is not None:
+        tok = load_tokenizer(state["tokenizer"])
+        log(f"[modforge] resuming the prepare in {out}")
+    else:
+        tok = make_tokenizer(cfg)
+        if tok.fits_on_data:
+            t0 = time.perf_counter()
+            tok.fit(_fit_texts(docs, cfg))
+            log(f"[modforge] {tok.name} tokenizer fitted on the training documents: {tok.vocab_size} ids "
+                f"({time.perf_counter() - t0:.1f} s)")
+    eod = None if cfg.eod == "none" else tok.eos_id
+    dtype = tok.token_dtype
+    writers = {s: SplitWriter(s, out, dtype, cfg.shard_tokens) for s in ("train", "val")}
+    if state is not None:
+        for s, w in writers.items():
+            w.shards, w.next_doc, w.totals = state["splits"][s]["shards"], state["splits"][s]["next_doc"], \
+                state["splits"][s]["totals"]
+
+    def save() -> None:
+        write_json(out / STATE, {"identity": ident, "tokenizer": tok.state(),
+                                 "splits": {s: w.state() for s, w in writers.items()}})
+
+    save()
+    start = min(w.next_doc for w in writers.values())
+    workers = cfg.workers or (os.cpu_count() or 1)
+    t0, n_docs = time.perf_counter(), start
+    bar = _bar(cfg.progress, start)
+    try:
+        with encoder(tok, workers) as encode:
+            index = start
+            for encoded in encode(batches(iter(docs), start)):
+                for ids, chars, nbytes in encoded:
+                    ids = _with_eod(ids, eod, cfg.eod)
+                    w = writers["val" if is_val(index, cfg.val_fraction) else "train"]
+                    if w.add(index, ids, chars, nbytes):
+                        save()
+                    index += 1
+                bar.update(len(encoded))
+                n_docs = index
+            for w in writers.values():
+                w.flush()
+    finally:
+        bar.close()
+    save()
+    for s, w in writers.items():
+        if not w.shards:
+            raise ConfigError(f"val_fraction={cfg.val_fraction}: of {n_docs} documents, none went to {s}; "
+                              + ("lower val_fraction, or give more documents" if s == "train" else
+                                 "raise val_fraction, or give more documents (documents=line or blank_line cuts "
+                                 "a text file into many)"))
+    meta = {"format": META_FORMAT, "version": META_VERSION, "complete": True, "identity": ident,
+            "tokenizer": tok.state(), "vocab_size": tok.vocab_size, "eod_id": eod, "eod_policy": cfg.eod,
+            "dtype": np.dtype(dtype).name,
+            "splits": {s: w.totals for s, w in writers.items()},
+            "shards": [dict(e, split=s) for s, w in writers.items() for e in w.shards],
+            "seconds": round(time.perf_counter() - t0, 3)}
+    write_json(out / META, meta, indent=1)
+    (out / STATE).unlink(missing_ok=True)
+    tr, va = meta["splits"]["train"], meta["splits"]["val"]
+    log(f"[modforge] {out}: {tr['docs']:,} training documents in {len(writers['train'].shards)} shard(s), "
+        f"{tr['tokens']:,} tokens; {va['docs']:,} validation documents, {va['tokens']:,} tokens")
+    return meta
+
+
+def check(cfg: PrepareConfig) -> None:
+    """Every option's value, before any reading (one line each)."""
+    if cfg.eod not in EOD_POLICIES:
+        raise ConfigError(f"eod={cfg.eod}: allowed values are {', '.join(EOD_POLICIES)}")
+    if not 0.0 < cfg.val_fraction < 1.0:
+        raise ConfigError(f"val_fraction={cfg.val_fraction}: must be in (0, 1)")
+    if cfg.shard_tokens < 1 or cfg.shard_tokens >= 2 ** 31:
+        raise ConfigError(f"shard_tokens={cfg.shard_tokens}: from 1 to 2^31 - 1 (llm.c's header counts a shard's "
+                          "tokens in an int32)")
+    if cfg.fit_chars < 1:
+        raise ConfigError(f"fit_chars={cfg.fit_chars}: must be >= 1")
+
+
+def _fit_texts(docs: Documents, cfg: PrepareConfig) -> Iterator[str]:
+    budget = cfg.fit_chars
+    for i, d in enumerate(docs):
+        if budget <= 0:
+            return
+        if not is_val(i, cfg.val_fraction):
+            yield d[:budget]
+            budget -= len(d)
+
+
+def _with_eod(ids: np.ndarray, eod: Optional[int], policy: str) -> np.ndarray:
+    if eod is None:
+        return ids
+    mark = np.array([eod], dtype=ids.dtype if len(ids) else np.int64)
+    return np.concatenate([ids, mark] if policy == "end" else [mark, ids])
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(show: bool, start: int):
+    if not show:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(initial=start, unit=" docs", desc="prepare", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
