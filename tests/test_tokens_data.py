@@ -333,3 +333,19 @@ def test_a_document_masked_run_trains_on_prepared_shards(tmp_path):
                 tmp_path / "p")
     assert np.isfinite(m["val"]["val/loss"]) and m["data_checksum"] == plain["data_checksum"]
     assert m["val"]["val/loss"] != plain["val"]["val/loss"]
+
+
+@pytest.mark.process  # SIGKILL at a step: the process is the subject
+def test_a_run_on_shards_killed_at_a_step_resumes_on_the_same_batches(tmp_path):
+    out = prepared(tmp_path)
+    args = [*SMALL, "data=tokens", f"data.path={out}", "trainer.max_steps=8", "trainer.val_check_interval=4",
+            "trainer.enable_progress_bar=false"]
+    p = run_module("modforge.train", tmp_path, *args, "hydra.run.dir=whole")
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = run_module("modforge.train", tmp_path, *args, "hydra.run.dir=killed", fault="kill@step=6")
+    assert p.returncode == -9 and not (tmp_path / "killed" / "metrics.json").exists()
+    p = run_module("modforge.train", tmp_path, "resume=killed")
+    assert p.returncode == 0, p.stderr[-2000:]
+    whole, killed = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "killed"))
+    assert killed["resumed_at_steps"] == [4] and killed["data_checksum"] == whole["data_checksum"]
+    assert killed["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)
