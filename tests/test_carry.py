@@ -114,6 +114,10 @@ def test_a_study_tunes_the_lower_rungs_and_checks_the_carried_rate_above(tmp_pat
             assert c["accepted"] and got["chosen"][(a, r)]["optim.lr"] == c["rate"] == c["rates"][1]
             assert abs(math.log2(c["rate"]) - sim.optimum(i)) < 0.5
             assert c["saved_runs"] == (len(GRID) - 3) * 2
+    from modforge.studies.writeup import fits_record
+
+    # the report's fit table: the tuned rungs only (a carried rung's entry repeated the highest tuned rung's rate)
+    assert d.fit and {f["rung"] for f in fits_record(d, got)} == set(list(d.rungs)[:3])
     sim = Ladder(jump=-4.0)
     d, got = carried_tuning(tmp_path / "jump", monkeypatch, sim)
     top = got["carried"][(d.baseline, list(d.rungs)[4])]
