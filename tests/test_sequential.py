@@ -236,3 +236,21 @@ def test_a_comparison_with_trouble_gets_its_robust_check_and_only_it():
     below = {"estimate": -0.02, "low": -0.03, "high": -0.01, "coverage": 0.96, "pairs": 9}
     assert robust.agrees({**worse, "verdict": "better", "low": -0.05, "high": -0.01, "robust": below}, 0.02) == "yes"
     assert robust.agrees({**worse, "verdict": "inconclusive", "robust": below}, 0.02) == "no: it excludes 0"
+
+
+def test_futility_waits_for_a_variance_with_degrees_of_freedom():
+    """ladder_ffn's top rung: four arms, 2 seeds each, the first look. The rung's variance then has 3 df; one
+    noisy pair made it large, and futility stopped two comparisons whose spread would have resolved +-0.02 by 12
+    pairs. Futility now waits for MIN_FUTILITY_DF; with that many df (borrowed here) the same runs stop."""
+    looks = list(range(2, 13))
+    crit = boundaries.critical_values(boundaries.Layout((4,), tuple(looks)))
+    values = {"b": {0: 1.50, 1: 1.62}, "a1": {0: 1.55, 1: 1.57}, "a2": {0: 1.49, 1: 1.63},
+              "a3": {0: 1.56, 1: 1.56}}
+    arms = ["a1", "a2", "a3"]
+    got = sequential.decide_rung(values, "b", arms, arms, 0, crit, margin=0.02, planned=looks)
+    assert not any(d.futile for d in got.values()) and {d.word for d in got.values()} == {"open"}
+    crit_b = boundaries.critical_values(boundaries.Layout((4,), tuple(looks), borrowed=(9,)))
+    ss = 9 * 0.0045  # 9 borrowed df of the same large variance: the rule now has its df and reads it
+    borrowed = sequential.decide_rung(values, "b", arms, arms, 0, crit_b, margin=0.02, planned=looks,
+                                      borrowed=(ss, 9))
+    assert any(d.futile for d in borrowed.values())

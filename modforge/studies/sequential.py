@@ -34,6 +34,10 @@ from modforge.results import stats
 from modforge.results.blocks import MIN_PAIRS, arrays, block_fit, contrast
 
 FUTILITY = 0.02  # a comparison whose chance of a decision by max is below this stops adding seeds
+# futility is read only once the variance it takes as the truth has this many degrees of freedom: on
+# ladder_ffn's top rung a 3-df variance at the first look stopped two comparisons at 2 pairs (MDE ~0.5) whose
+# arms' spread would have resolved +-0.02 by 12 (experiments/ladder_ffn.md)
+MIN_FUTILITY_DF = 8
 
 
 def looks(n_min: int, n_max: int, step: int) -> list[int]:
@@ -70,13 +74,14 @@ def pool(s2: float, df: float, ss_borrowed: float, df_borrowed: int) -> tuple:
 
 
 def futile(c: stats.Comparison, s2: float, n_max: int, crit_last: float, margin: Optional[float],
-           extra_var: float = 0.0) -> bool:
+           extra_var: float = 0.0, df: float = math.inf) -> bool:
     """Whether a comparison's chance of any decision at the last look (``n_max`` pairs, critical value
-    ``crit_last``) is under :data:`FUTILITY`, its current estimate taken as the truth."""
+    ``crit_last``) is under :data:`FUTILITY`, its current estimate and variance taken as the truth; never while
+    that variance has fewer than :data:`MIN_FUTILITY_DF` degrees of freedom ``df``."""
     from scipy.stats import norm
 
     n = c.n
-    if n >= n_max or not math.isfinite(c.estimate) or not s2 > 0:
+    if n >= n_max or not math.isfinite(c.estimate) or not s2 > 0 or df < MIN_FUTILITY_DF:
         return False
     se_last = math.sqrt(s2 / n_max + extra_var)
     spread = math.sqrt(s2 * (n_max - n)) / n_max  # sd of the final mean given what is seen
@@ -181,7 +186,7 @@ def decide_rung(values: dict, baseline: str, compared: list, open_: list, look: 
         if differs or inside or last:
             out[a] = Decision(c, *verdict(c, better, margin, c_look, explain), look, True)
         elif use_futility and planned and futile(c, s2_ * f_ * c.n, planned[-1], crit[-1], margin,
-                                                 extra_var.get(a, 0.0)):
+                                                 extra_var.get(a, 0.0), df_):
             word, why = verdict(c, better, margin, c_look, explain)
             out[a] = Decision(c, word, f"futile: no decision likely by {planned[-1]} pairs; {why}", look, True, True)
         else:

@@ -11,7 +11,7 @@ from typing import Optional
 from modforge.studies import boundaries
 from modforge.studies.boundaries import RHO, Layout, critical_values
 from modforge.results.blocks import MIN_PAIRS, block_fit
-from modforge.studies.sequential import FUTILITY, decide_rung
+from modforge.studies.sequential import FUTILITY, MIN_FUTILITY_DF, decide_rung
 
 @dataclass
 class Rung:
@@ -166,7 +166,7 @@ def run_vectorised(ys: list, planned: list, crit: list, margin: Optional[float],
                     if margin is not None:
                         p = p + np.where(margin > h, np.maximum(0.0, norm.cdf((margin - h - e) / spread) -
                                                                   norm.cdf((-margin + h - e) / spread)), 0.0)
-                fut = open_ & valid & ~(differs | inside) & (nc < n_max) & (p < FUTILITY)
+                fut = open_ & valid & ~(differs | inside) & (nc < n_max) & (p < FUTILITY) & (dfc >= MIN_FUTILITY_DF)
                 new = new | fut
             word = np.where(new, w, word)
             at = np.where(new, j, at)
