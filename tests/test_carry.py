@@ -83,13 +83,15 @@ class Ladder:
         return out
 
 
-def carried_tuning(tmp_path, monkeypatch, sim):
+def carried_tuning(tmp_path, monkeypatch, sim, extend: int = 0):
+    from modforge.config.study import check_study
     from modforge.studies import rounds, stages
     from modforge.studies.design import design_of
 
-    block = {"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"],
-             "tune": {"params": {"optim.lr": GRID}, "seeds": [1, 2]}, "carry": {"tuned": 3},
-             "sizes": [{"model.n_layers": n} for n in range(5)]}
+    block = check_study({"question": "q?", "baseline": "norm=layer", "compare": ["norm=rms"],
+                         "tune": {"params": {"optim.lr": GRID}, "seeds": [1, 2]},
+                         "carry": {"tuned": 3, **({"extend": extend} if extend else {})},
+                         "sizes": [{"model.n_layers": n} for n in range(5)]})
     d = design_of("x", [], block)
     monkeypatch.setattr(rounds, "run_stage", sim.run_stage)
     monkeypatch.setattr(rounds, "read_stage", sim.read_stage)
@@ -123,6 +125,26 @@ def test_a_study_tunes_the_lower_rungs_and_checks_the_carried_rate_above(tmp_pat
     top = got["carried"][(d.baseline, list(d.rungs)[4])]
     assert not top["accepted"] and top["edge"] == "low" and top["rate"] == top["rates"][0]
     assert got["edges"][(d.baseline, list(d.rungs)[4])] == {"optim.lr": "low"}
+
+
+def test_a_flagged_check_extends_past_its_end_until_it_brackets_the_best(tmp_path, monkeypatch):
+    """carry.extend: the top rung's optimum four doublings below the law. The check (-1, 0, +1) finds its best at
+    the low end; each extension runs one doubling lower, for the flagged arm-rungs only, until the best is inside
+    the rates run: then the rung compares at a bracketed rate near the truth (still flagged: the law missed)."""
+    sim = Ladder(jump=-4.0)
+    d, got = carried_tuning(tmp_path, monkeypatch, sim, extend=4)
+    top = list(d.rungs)[4]
+    names = [name for name, _ in sim.cells]
+    assert names[:2] == ["round-0", "carry"] and names[2:] and all(n.startswith("carry-extend-") for n in names[2:])
+    assert all(set(rungs) == {top} for _, rungs in sim.cells[2:])  # only the flagged rung runs more
+    for a in d.arms:
+        c = got["carried"][(a, top)]
+        assert not c["accepted"] and c["edge"] is None and c["extended"] >= 2
+        assert c["rate"] not in (min(c["rates"]), max(c["rates"]))  # bracketed
+        assert abs(math.log2(c["rate"]) - sim.optimum(4)) < 0.75
+        assert got["edges"][(a, top)] == {}
+    d0, got0 = carried_tuning(tmp_path / "plain", monkeypatch, Ladder(jump=-4.0))  # the default: no extension
+    assert got0["carried"][(d0.baseline, top)]["edge"] == "low"
 
 
 def test_the_excess_scatter_matches_its_degrees_of_freedom():

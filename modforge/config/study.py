@@ -37,9 +37,11 @@ DESIGN = {"tune": "a mapping: params ({key: [values] or {from, to, points}}, eve
                       "inverse_width, mup), or a mapping {arm: rule} for the arms so carried (the others are tuned "
                       "at every rung)",
           "width_key": "the key whose value is a rung's width for transfer=inverse_width (default model.d_model)",
-          "carry": "a mapping: tuned (the lower rungs tuned fully, an integer >= 2, fewer than the rungs; default 3) "
-                   "and check (log2 offsets from the predicted rate run at each upper rung, numbers including 0; "
-                   "default [-1, 0, 1]): each arm's rate carried up by a power law in compute (rule: fit)",
+          "carry": "a mapping: tuned (the lower rungs tuned fully, an integer >= 2, fewer than the rungs; default 3), "
+                   "check (log2 offsets from the predicted rate run at each upper rung, numbers including 0; "
+                   "default [-1, 0, 1]) and extend (doublings run past the check's end, one at a time, while its "
+                   "best is there; an integer >= 0, default 0): each arm's rate carried up by a power law in "
+                   "compute (rule: fit)",
           "budget": "a mapping: hours and/or runs, positive numbers; the study refuses a plan that could exceed "
                     "it unless started with force=true",
           "jobs": "an integer >= 1: jobs run side by side, each with its share of the cores",
@@ -106,13 +108,16 @@ def check_study(block: Any) -> dict:
         if key == "tune":
             out[key] = _tune(value, bad)
         if key == "carry":
-            if not (isinstance(value, dict) and set(value) <= {"tuned", "check"}):
+            if not (isinstance(value, dict) and set(value) <= {"tuned", "check", "extend"}):
                 raise bad()
-            c = {"tuned": 3, "check": [-1.0, 0.0, 1.0], **value}
+            c = {"tuned": 3, "check": [-1.0, 0.0, 1.0], "extend": 0, **value}
             if not (_integer(c["tuned"]) and c["tuned"] >= 2 and isinstance(c["check"], (list, tuple))
-                    and all(_number(v) for v in c["check"]) and 0 in c["check"] and len(set(c["check"])) >= 3):
+                    and all(_number(v) for v in c["check"]) and 0 in c["check"] and len(set(c["check"])) >= 3
+                    and _integer(c["extend"]) and c["extend"] >= 0):
                 raise bad()
             out[key] = {"tuned": int(c["tuned"]), "check": sorted(float(v) for v in c["check"])}
+            if int(c["extend"]):  # (absent when 0: the designs declared before the key keep their identity)
+                out[key]["extend"] = int(c["extend"])
     if "seeds" in out and "tune" in out and max(out["tune"]["seeds"]) >= out["seeds"]["start"]:
         raise ConfigError(f"study.seeds.start={out['seeds']['start']}: the comparison's seeds must be fresh, above "
                           f"every tuning seed (study.tune.seeds={out['tune']['seeds']})")

@@ -108,7 +108,9 @@ def carried_section(d, rec: dict) -> list:
             f"Tuned fully on the lowest {d.carry['tuned']} rungs; at each rung above, each arm's rate predicted by a "
             "power law in training compute through its fitted optima and checked at the predicted rate and its "
             f"neighbours ({', '.join(f'{o:+g}' for o in d.carry['check'])} doublings) on the tuning seeds: the "
-            f"predicted rate is compared when it lies within {d.fit['delta']:g} of the best of the check. "
+            f"predicted rate is compared when it lies within {d.fit['delta']:g} of the best of the check"
+            + (f"; where the best lay at the check's end, up to {d.carry['extend']} doubling(s) more were run past "
+               "it, one at a time" if d.carry.get("extend") else "") + ". "
             f"{saved} tuning runs fewer than the full grid at those rungs.", "",
             markdown_table(["rung", "arm", "law", "predicted rate", "checked", "compared at", "check"], body)]
 

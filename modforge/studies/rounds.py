@@ -148,6 +148,30 @@ def carry_up(d: Design, study_dir: Path, plan: Plan, clock: StageClock, fits: di
         run_stage(d, stage, cells, d.jobs, clock)
         absorb(stage, cells)
     out = {}
+
+    def judged(a: str, r: str) -> dict:
+        x = wanted[(a, r)][0]
+        results = {float(known[k][key]): vals for k, vals in curves[(a, r)].items()}
+        return carry.judge(results, carry.check_rates(x, [0.0])[0], d.fit["delta"], d.better)
+
+    got = {k: judged(*k) for k in wanted}
+    extended = {k: [] for k in wanted}
+    for step in range(d.carry.get("extend", 0)):  # the best at the check's end: one more doubling past it
+        beyond = {k: (min(r for r in known_rates(known, curves[k], key)) / 2 if g["edge"] == "low" else
+                      max(r for r in known_rates(known, curves[k], key)) * 2)
+                  for k, g in got.items() if g["edge"]}
+        if not beyond:
+            break
+        more = [cell(d, plan, a, r, {**wanted[(a, r)][2], key: float(f"{rate:.4g}")}, seed)
+                for (a, r), rate in beyond.items() for seed in d.tune_seeds]
+        stage = study_dir / "tune" / f"carry-extend-{step + 1}"
+        more = stage_cells(stage, lambda: more)
+        if more:
+            run_stage(d, stage, more, d.jobs, clock)
+            absorb(stage, more)
+        for k, rate in beyond.items():
+            extended[k].append(float(f"{rate:.4g}"))
+            got[k] = judged(*k)
     for a in d.arms:
         for r in upper:
             if (a, r) not in wanted:
@@ -155,17 +179,23 @@ def carry_up(d: Design, study_dir: Path, plan: Plan, clock: StageClock, fits: di
                 out[(a, r)] = {"why": "no law: fewer than two tuned rungs with a fitted rate"}
                 continue
             x, sd, others, rates = wanted[(a, r)]
-            results = {float(known[k][key]): vals for k, vals in curves[(a, r)].items()}
-            got = carry.judge(results, carry.check_rates(x, [0.0])[0], d.fit["delta"], d.better)
-            chosen[(a, r)] = None if got["rate"] is None else {**others, key: got["rate"]}
-            edge[(a, r)] = {key: got["edge"]} if got["edge"] else {}
+            g = got[(a, r)]
+            chosen[(a, r)] = None if g["rate"] is None else {**others, key: g["rate"]}
+            edge[(a, r)] = {key: g["edge"]} if g["edge"] else {}
             if (a, top) in fits:
                 fits[(a, r)] = fits[(a, top)]  # the comparison adds the tuned rungs' noise in the rate
             law = laws[a]
-            out[(a, r)] = {**got, "predicted": 2 ** x, "sd_doublings": sd, "rates": rates,
+            out[(a, r)] = {**g, "predicted": 2 ** x, "sd_doublings": sd, "rates": rates + extended[(a, r)],
+                           "extended": len(extended[(a, r)]),
                            "law": {"a": law.a, "b": law.b, "extra_sd": law.extra_sd, "points": law.points},
-                           "saved_runs": (len(tuning.settings(d.grid)) - len(rates)) * len(d.tune_seeds)}
+                           "saved_runs": (len(tuning.settings(d.grid)) - len(rates) - len(extended[(a, r)]))
+                           * len(d.tune_seeds)}
     return out
+
+
+def known_rates(known: dict, curve: dict, key: str) -> list:
+    """The rates an arm-rung has run (its curve's settings)."""
+    return [float(known[k][key]) for k in curve]
 
 
 def halve(d: Design, stage: Path, cells: list, plan: Plan, clock: StageClock) -> Optional[halving.Halving]:

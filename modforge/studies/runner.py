@@ -76,24 +76,27 @@ def make_plan(d: Design, p: dict) -> Plan:
     ts = len(d.tune_seeds)
     carried = [(a, r) for r in d.rungs if r not in d.tuned_rungs for a in d.arms] if d.carry else []  # (every arm alike)
     n_check = len(d.carry["check"]) if d.carry else 0
+    n_carry_ext = d.carry.get("extend", 0) if d.carry else 0
     plan.runs = {"tune": len(tuned) * n_set * ts + len(carried) * n_check * ts,
-                 "extend": len(tuned) * d.extend * len(d.grid) * ts,
+                 "extend": len(tuned) * d.extend * len(d.grid) * ts + len(carried) * n_carry_ext * ts,
                  "compare_min": len(each) * d.seeds["min"], "compare_max": len(each) * d.seeds["max"]}
     h = halving.schedule(d)
     share = halving.expected_share(h, n_set) if h else 1.0  # halving: the least its tuning round trains
     tune_s = sum(seconds[k] for k in tuned) * n_set * ts
     check_s = sum(seconds[k] for k in carried) * n_check * ts  # never halved
-    ext_s = sum(seconds[k] for k in tuned) * d.extend * len(d.grid) * ts
+    ext_s = sum(seconds[k] for k in tuned) * d.extend * len(d.grid) * ts + \
+        sum(seconds[k] for k in carried) * n_carry_ext * ts
     lo_s = sum(seconds[k] for k in each) * d.seeds["min"]
     hi_s = sum(seconds[k] for k in each) * d.seeds["max"]
     tune_f = sum(flops[k] for k in tuned) * n_set * ts + sum(flops[k] for k in carried) * n_check * ts
-    ext_f = sum(flops[k] for k in tuned) * d.extend * len(d.grid) * ts
+    ext_f = sum(flops[k] for k in tuned) * d.extend * len(d.grid) * ts + \
+        sum(flops[k] for k in carried) * n_carry_ext * ts
     plan.total_flops = {"least": tune_f + sum(flops[k] for k in each) * d.seeds["min"],
                         "most": tune_f + ext_f + sum(flops[k] for k in each) * d.seeds["max"]}
     least_runs = plan.runs["tune"] + plan.runs["compare_min"]
     most_runs = least_runs + plan.runs["extend"] + plan.runs["compare_max"] - plan.runs["compare_min"]
     stages_lo = (1 if d.grid else 0) + 1 + bool(carried)
-    stages_hi = (1 + d.extend if d.grid else 0) + len(d.looks) + bool(carried)
+    stages_hi = (1 + d.extend if d.grid else 0) + len(d.looks) + bool(carried) + (n_carry_ext if carried else 0)
     plan.share = share
     plan.hours = {"least": wall(tune_s * share + check_s + lo_s, least_runs, stages_lo + len(h["at"] if h else []), d.jobs,
                                 plan.startup) / 3600,
@@ -159,7 +162,9 @@ def print_plan(d: Design, p: dict, plan: Plan, study_dir: Path) -> str:
                                                                            if d.transfer_of(a)) if per_arm else "")
                      + (f" (the lowest {d.carry['tuned']} rungs; each arm's rate carried up to the "
                         f"{len(d.rungs) - d.carry['tuned']} above by a power law in compute and checked there at "
-                        f"{len(d.carry['check'])} rates, included)" if d.carry else ""))
+                        f"{len(d.carry['check'])} rates, included"
+                        + (f"; at most {d.carry['extend']} doubling(s) more past the check's end where its best lies "
+                           "there" if d.carry.get("extend") else "") + ")" if d.carry else ""))
     lines.append(f"  stage 2, comparison: fresh seeds from {d.seeds['start']}, looks at {d.looks} pairs: "
                  f"{r['compare_min']} to {r['compare_max']} runs; {d.family} comparisons in the family")
     lines.append(f"  in all: {r['tune'] + r['compare_min']} to {r['tune'] + r['extend'] + r['compare_max']} runs, "
