@@ -1,5 +1,7 @@
 """experiments/recheck_cells.py: the "Reproducing a cell" table quotes only values its studies committed."""
 import importlib.util
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,3 +91,28 @@ def test_the_committed_decision_accuracy_table_is_what_its_script_writes_from_th
     assert swiglu and not any(r["same_verdict"] or r["same_sign"] for r in swiglu)  # worse small, better at d96
     readme = (ROOT / "experiments" / "README.md").read_text()
     assert "\n".join(da.groups_table(rows)) in readme  # the summary quoted there, line for line
+
+
+@pytest.mark.slow
+def test_the_checked_write_ups_quote_only_figures_found_in_committed_files():
+    """experiments/check_numbers.py (issue 51, item 7) on the write-ups it holds: every precise figure (three or
+    more decimals) equals a number of the committed results at its digits, or is derived from such numbers by a
+    check comment that evaluates to it."""
+    cn = _script("check_numbers")
+    for stem in cn.CHECKED:
+        assert cn.misses(ROOT / "experiments" / f"{stem}.md") == [], stem
+
+
+def test_the_number_checker_catches_a_figure_no_file_holds_and_a_wrong_derivation():
+    cn = _script("check_numbers")
+    text = ("## Claim and its source\n\nThe paper: 1.997.\n\n## Verdicts\n\nΔ −0.0342 and 0.056 and 0.0119.\n"
+            "<!-- check: 0.056 = 2.3081 - 2.2518 -->\n<!-- check: 0.0119 = sd(2.3597, 2.3770) -->\n"
+            "<!-- check: 0.5 = 9.8765 - 9.3765 -->\n")
+    assert [f for _, f in cn.quoted(text)] == ["-0.0342", "0.056", "0.0119"]  # the paper's figure is exempt
+    ok, bad = cn.derived(text, {2.3081, 2.2518, 2.3597, 2.377, 9.8765})
+    assert ok == {"0.056"}
+    assert [fig for fig, _ in bad] == ["0.0119", "0.5"]
+    assert "not 0.0119" in bad[0][1] and "9.3765 not in a committed file" in bad[1][1]
+    assert cn.found("-0.0342", {0.03421}) and not cn.found("0.0342", {0.0343})
+    with pytest.raises(ValueError):
+        cn.evaluate("__import__('os')")
