@@ -13,7 +13,7 @@ derivation beside it, in a comment the page does not show::
     <!-- check: 0.056 = 2.3081 - 2.2518 -->
     <!-- check: 0.0119 = sd(2.3597 - 2.3538, 2.3580 - 2.3494, ...) -->
 
-The expression (numbers, + - * / **, ``sd``, ``mean``, ``sqrt``) is evaluated here; every precise number in it
+The expression (numbers, + - * / **, ``sd``, ``mean``, ``sqrt``, ``tq(p, df)``: the t quantile) is evaluated here; every precise number in it
 must itself be in a committed file, and the result must round to the figure at its digits.
 
     python experiments/check_numbers.py            # every write-up: the misses, and a summary
@@ -74,12 +74,16 @@ CHECK = re.compile(r"<!--\s*check:\s*([−-]?\d+\.\d+)\s*=\s*(.+?)\s*-->")
 
 
 def evaluate(expr: str) -> float:
-    """An arithmetic expression over numbers, with sd (sample), mean and sqrt: nothing else is evaluated."""
+    """An arithmetic expression over numbers, with sd (sample), mean, sqrt and tq(p, df) (Student's t quantile,
+    for an interval's half-width): nothing else is evaluated."""
     import ast
     import math
     import statistics
 
-    funcs = {"sd": lambda *v: statistics.stdev(v), "mean": lambda *v: statistics.fmean(v), "sqrt": math.sqrt}
+    from scipy.stats import t as tdist
+
+    funcs = {"sd": lambda *v: statistics.stdev(v), "mean": lambda *v: statistics.fmean(v), "sqrt": math.sqrt,
+             "tq": lambda p, df: float(tdist.ppf(p, df))}
     ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
            ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b}
 

@@ -159,3 +159,19 @@ def test_a_downstream_accuracy_is_a_study_metric_with_its_range(trained):
     assert iv.kind == "logit-t" and 0.0 <= iv.low < iv.estimate < iv.high <= 1.0
     plain = writeup.arm_interval(values, [{"metrics": {}}], "val/other", 0.95)  # no range known: a plain t
     assert plain.high > 1.0
+
+
+def test_the_harness_adapter_generates_greedily_and_stops_at_its_strings(trained):
+    from types import SimpleNamespace
+
+    from modforge.harness import ModforgeLM
+    from modforge.models.decoding import generate
+
+    _, _, task, _ = trained
+    lm = ModforgeLM(task=task)
+    whole = generate(task.model, task.tokenizer, prompt="def f(", strategy="greedy", max_new=12,
+                     max_context=task.context_len)
+    stop = next((ch for ch in whole[1:] if ch.strip()), None)  # a character the greedy text holds past its start
+    (plain, cut) = lm.generate_until([SimpleNamespace(args=("def f(", {"max_gen_toks": 12})),
+                                      SimpleNamespace(args=("def f(", {"until": [stop], "max_gen_toks": 12}))])
+    assert plain == whole and cut == whole[: whole.index(stop, 0)] and len(cut) < len(whole)
