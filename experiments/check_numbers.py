@@ -8,7 +8,8 @@ whose write-up it links (a "before and after" quotes them), and the top-level re
 they quote papers (the reference documents), not runs.
 
 A figure computed in prose (a difference of two reported means, an sd of paired differences) carries its
-derivation beside it, in a comment the page does not show::
+derivation in a comment the page does not show, after the paragraph or list that quotes it (a comment line
+inside a paragraph would split it when rendered)::
 
     <!-- check: 0.056 = 2.3081 - 2.2518 -->
     <!-- check: 0.0119 = sd(2.3597 - 2.3538, 2.3580 - 2.3494, ...) -->
