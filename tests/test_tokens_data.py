@@ -349,3 +349,16 @@ def test_a_run_on_shards_killed_at_a_step_resumes_on_the_same_batches(tmp_path):
     whole, killed = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "killed"))
     assert killed["resumed_at_steps"] == [4] and killed["data_checksum"] == whole["data_checksum"]
     assert killed["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)
+
+
+def test_a_tiny_corpus_goes_through_prepare_training_and_both_evaluations(tmp_path):
+    """Issue 53's chain on one corpus: prepare, data=tokens with document masking, the built-in task scored at
+    every validation, and python -m modforge eval on the checkpoint giving the same figures."""
+    out = prepared(tmp_path)
+    m = run(compose(tiny_overrides(steps=4) + SMALL + ["data=tokens", f"data.path={out}", "task.document_mask=true",
+                                                       "task.evals=[pycloze]"]), tmp_path / "r")
+    p = run_module("modforge", tmp_path, "eval", f"ckpt={tmp_path / 'r'}", "tasks=pycloze", f"out={tmp_path / 'e.json'}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    e = json.loads((tmp_path / "e.json").read_text())["pycloze"]
+    for k in ("acc", "acc_norm", "bpb"):
+        assert e[k] == pytest.approx(m["val"][f"val/pycloze/{k}"], rel=1e-5, abs=1e-6), k
