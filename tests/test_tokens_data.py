@@ -362,3 +362,24 @@ def test_a_tiny_corpus_goes_through_prepare_training_and_both_evaluations(tmp_pa
     e = json.loads((tmp_path / "e.json").read_text())["pycloze"]
     for k in ("acc", "acc_norm", "bpb"):
         assert e[k] == pytest.approx(m["val"][f"val/pycloze/{k}"], rel=1e-5, abs=1e-6), k
+
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_preset_composes(name):
+    """The GPU twins and the BPE presets are run only where a GPU is lent: their commands must compose here."""
+    cfg = compose([f"experiment={name}"])
+    if name.endswith("_bpe_h100"):
+        assert cfg.data.name == "tokens" and cfg.trainer.accelerator == "gpu"
+
+
+def test_a_bpe_preset_without_its_shards_stops_in_one_line(tmp_path):
+    from conftest import run_in_process
+
+    p = run_in_process("modforge.train", tmp_path, "experiment=ladder_ffn_bpe_h100", "trainer=cpu",
+                       env={"MODFORGE_WIKITEXT103_BPE": str(tmp_path / "nowhere")})
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert p.returncode == 2 and len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert f"data.path={tmp_path / 'nowhere'}: no such directory" in errors[0]
