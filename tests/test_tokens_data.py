@@ -242,6 +242,7 @@ def foreign(tmp_path: Path, train: np.ndarray, val: np.ndarray) -> Path:
     ("unfinished prepare", r"prepare did not finish writing it"),
     ("bad dtype key", r"data.dtype=int8: allowed values are auto, llmc, uint16, uint32"),
     ("document mask on text data", r"task.document_mask=true: data=stdlib marks no document ends"),
+    ("overlapping globs", r"data.train=\* and data.val=\*val\* both name .*val_000000.bin"),
 ])
 def test_bad_token_data_is_refused_in_one_line_before_training(tmp_path, case, message):
     out = prepared(tmp_path)
@@ -270,6 +271,8 @@ def test_bad_token_data_is_refused_in_one_line_before_training(tmp_path, case, m
         ov += ["data.dtype=int8"]
     elif case == "document mask on text data":
         ov = [*SMALL, "task.document_mask=true"]
+    elif case == "overlapping globs":
+        ov += ["data.train=*"]
     p = run_module("modforge.train", tmp_path, *tiny_overrides(steps=1), *ov, "hydra.run.dir=run")
     err = p.stderr.strip()
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
