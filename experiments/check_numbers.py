@@ -4,8 +4,8 @@ A *precise figure* is a decimal with three or more digits after the point (1.573
 reader would copy. Each must equal, at the digits quoted, a number in the committed results the write-up rests
 on: ``experiments/results/<stem>*/`` (its study's report, tables, state notes), the results of every study
 whose write-up it links (a "before and after" quotes them), and the top-level results files
-(``recheck_cells.md``, ``decision_accuracy.md``). Numbers in the "Claim and its source" section are exempt:
-they quote papers (the reference documents), not runs.
+(``recheck_cells.md``, ``decision_accuracy.md``). Numbers in the "Claim and its source" section, or in a
+paragraph that begins "**Claim...", are exempt: they quote papers (the reference documents), not runs.
 
 A figure computed in prose (a difference of two reported means, an sd of paired differences) carries its
 derivation in a comment the page does not show, after the paragraph or list that quotes it (a comment line
@@ -45,11 +45,15 @@ def writeups() -> list:
 def quoted(text: str) -> list:
     """(line number, figure as written) of the precise figures outside the "Claim and its source" section and
     outside check comments."""
-    out, skip = [], False
+    out, skip, claim_par = [], False, False
     for n, line in enumerate(CHECK.sub("", text).splitlines(), 1):
         if line.startswith("## "):
             skip = line.strip().lower().startswith("## claim")
-        if skip:
+        if line.startswith("**Claim"):  # a paragraph of claims and their sources (a page with no such section)
+            claim_par = True
+        elif not line.strip():
+            claim_par = False
+        if skip or claim_par:
             continue
         for m in PRECISE.finditer(line):
             out.append((n, ("-" if m.group(1) else "") + m.group(2)))

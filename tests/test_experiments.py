@@ -105,7 +105,8 @@ def test_the_checked_write_ups_quote_only_figures_found_in_committed_files():
 
 def test_the_number_checker_catches_a_figure_no_file_holds_and_a_wrong_derivation():
     cn = _script("check_numbers")
-    text = ("## Claim and its source\n\nThe paper: 1.997.\n\n## Verdicts\n\nΔ −0.0342 and 0.056 and 0.0119.\n"
+    text = ("## Claim and its source\n\nThe paper: 1.997.\n\n## Verdicts\n\n**Claims.** Shazeer: 1.983.\n\n"
+            "Δ −0.0342 and 0.056 and 0.0119.\n"
             "<!-- check: 0.056 = 2.3081 - 2.2518 -->\n<!-- check: 0.0119 = sd(2.3597, 2.3770) -->\n"
             "<!-- check: 0.5 = 9.8765 - 9.3765 -->\n")
     assert [f for _, f in cn.quoted(text)] == ["-0.0342", "0.056", "0.0119"]  # the paper's figure is exempt
