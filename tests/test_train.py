@@ -604,3 +604,23 @@ def test_a_run_ending_between_validations_saves_its_last_step_and_resumes_from_i
     assert resumed["resumed_at_steps"] == [7] and resumed["data_checksum"] == whole["data_checksum"]
     assert resumed["val"]["val/loss"] == pytest.approx(whole["val"]["val/loss"], abs=1e-6)
     assert torch.isfinite(task.model(x)).all()
+
+
+def test_last_ckpt_follows_every_validation_even_one_that_did_not_improve(tmp_path, monkeypatch):
+    """val/loss made worse at every validation (it is the step): Lightning alone rewrote last.ckpt only when the
+    best improved, so a run stopped at step 5 kept step 2's weights and would train steps 3-4 again."""
+    from modforge.tasks.lm import CausalLM
+
+    def worse_every_time(self, batch, batch_idx):
+        loss = torch.tensor(float(self.global_step))
+        self.log_mean("val/loss", loss, 1)
+        return loss
+
+    monkeypatch.setattr(CausalLM, "validation_step", worse_every_time)
+    monkeypatch.setenv("MODFORGE_FAULT", "raise@step=5")
+    with pytest.raises(BaseException):
+        run(compose(tiny_overrides(steps=8) + ["data.max_chars=50000", "sample=false", "trainer.val_check_interval=2"]),
+            tmp_path / "a")
+    ckpts = tmp_path / "a" / "checkpoints"
+    assert torch.load(ckpts / "best.ckpt", weights_only=False)["global_step"] == 2
+    assert torch.load(ckpts / "last.ckpt", weights_only=False)["global_step"] == 4

@@ -190,14 +190,24 @@ def weights_fingerprint(module) -> tuple:
 
 
 class Checkpoints(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``, writing nothing once ``divergence`` has stopped the run, and writing
-    ``last.ckpt`` when training ends at a step no validation checkpointed (``max_steps`` not a multiple of
-    ``val_check_interval``): Lightning writes it at the end only if it never wrote one, so the last steps'
-    weights were lost, and ``generate`` or ``eval`` of the run read older weights than its metrics.json."""
+    """Lightning's ``ModelCheckpoint``, writing nothing once ``divergence`` has stopped the run, and keeping
+    ``last.ckpt`` at the latest step: after every validation (Lightning skips it when ``val/loss`` did not
+    improve) and when training ends at a step no validation checkpointed (``max_steps`` not a multiple of
+    ``val_check_interval``: Lightning writes it at the end only if it never wrote one, so the last steps' weights
+    were lost, and ``generate`` or ``eval`` of the run read older weights than its metrics.json)."""
 
     def __init__(self, divergence: DivergenceStop, **kwargs: Any):
         super().__init__(**kwargs)
         self.divergence = divergence
+
+    def on_validation_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        """Lightning (2.6) rewrites ``last.ckpt`` at a validation only when it also saved the top-k one, i.e. when
+        ``val/loss`` improved: after a validation that did not improve, a killed run resumed from the last one that
+        did, and trained the steps between again. Here ``last.ckpt`` follows every validation."""
+        super().on_validation_end(trainer, pl_module)
+        if (self.save_last and not self._should_skip_saving_checkpoint(trainer)
+                and self._last_global_step_saved < trainer.global_step):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         if self.save_last and self._last_checkpoint_saved and self._last_global_step_saved < trainer.global_step:
