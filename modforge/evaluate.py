@@ -79,8 +79,9 @@ def harness_results(task, names: list, limit: int = 0, batch_size: int = 16, dev
                           "HF_DATASETS_OFFLINE=1)") from None
     rows = {}
     for name, metrics in (out or {}).get("results", {}).items():
-        rows[name] = {k.split(",")[0]: v for k, v in metrics.items()
-                      if "," in k and "stderr" not in k and isinstance(v, (int, float))}
+        rows[name] = {(k.split(",")[0] if k.endswith(",none") else k): v for k, v in metrics.items()
+                      if "," in k and "stderr" not in k and isinstance(v, (int, float))}  # a filter other than
+        # none stays in the name (gsm8k's exact_match,strict-match and exact_match,flexible-extract are two)
         n = (out.get("n-samples") or {}).get(name, {})
         rows[name]["n"] = n.get("effective", n.get("original"))
     return rows

@@ -53,7 +53,12 @@ if LM is not None:
             self.task = task.to(device).eval()
             self.model, self.tok = self.task.model, self.task.tokenizer
             self.max_len = self.task.context_len
-            self.batch_size, self.max_gen_toks, self._device = int(batch_size), int(max_gen_toks), device
+            try:
+                self.batch_size, self.max_gen_toks = int(batch_size), int(max_gen_toks)
+            except (TypeError, ValueError):
+                raise ConfigError(f"batch_size={batch_size}, max_gen_toks={max_gen_toks}: whole numbers (modforge's "
+                                  "adapter has no batch_size=auto)") from None
+            self._device = device
 
         @classmethod
         def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "ModforgeLM":

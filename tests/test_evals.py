@@ -72,9 +72,9 @@ def test_choice_scores_equal_their_definitions(trained):
     assert s["bpb"] == pytest.approx(bits / nbytes, rel=1e-6)
 
 
-def harness_task(d: Path, name: str, data: Path, kind: str) -> None:
+def harness_task(d: Path, name: str, data: Path, kind: str, delimiter: str = "") -> None:
     body = {"choice": "output_type: multiple_choice\ndoc_to_text: context\ndoc_to_choice: choices\n"
-                      "doc_to_target: label\ntarget_delimiter: \"\"\nmetric_list:\n  - metric: acc\n"
+                      f"doc_to_target: label\ntarget_delimiter: \"{delimiter}\"\nmetric_list:\n  - metric: acc\n"
                       "  - metric: acc_norm\n",
             "text": "output_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: text\n"
                     "metric_list:\n  - metric: bits_per_byte\n"}[kind]
@@ -88,8 +88,14 @@ def test_the_harness_adapter_gives_lm_evaluation_harness_our_figures(trained, tm
     d, _, task, text = trained
     harness_task(tmp_path, "tiny_mc", load_task("pycloze").source, "choice")
     harness_task(tmp_path, "tiny_text", text, "text")
+    # the same items with a space before each choice: ours writes it in the choices, the harness's delimiter adds it
+    # (and its acc_norm divides by the choice without it)
+    spaced = tmp_path / "spaced.jsonl"
+    spaced.write_text("".join(json.dumps({**it, "choices": [" " + c for c in it["choices"]]}) + "\n"
+                              for it in load_task("pycloze").items))
+    harness_task(tmp_path, "tiny_mc_space", load_task("pycloze").source, "choice", delimiter=" ")
     assert len(task.tokenizer.encode(TEXTS[1])) > task.context_len  # (a text of more than one window)
-    p = run_module("modforge", d, "eval", f"ckpt={d / 'run'}", "harness=tiny_mc,tiny_text",
+    p = run_module("modforge", d, "eval", f"ckpt={d / 'run'}", "harness=tiny_mc,tiny_text,tiny_mc_space",
                    f"harness_include={tmp_path}", f"out={tmp_path / 'h.json'}")
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads((tmp_path / "h.json").read_text())
@@ -98,6 +104,24 @@ def test_the_harness_adapter_gives_lm_evaluation_harness_our_figures(trained, tm
     assert out["tiny_mc"]["n"] == 32
     text_bpb = score(task.model, task.tokenizer, load_task(str(text)), task.context_len).metrics()["bpb"]
     assert out["tiny_text"]["bits_per_byte"] == pytest.approx(text_bpb, rel=1e-9)
+    ours_spaced = score(task.model, task.tokenizer, load_task(str(spaced)), task.context_len).metrics()
+    assert out["tiny_mc_space"]["acc"] == ours_spaced["acc"]
+    assert out["tiny_mc_space"]["acc_norm"] == ours_spaced["acc_norm"]
+
+
+def test_text_windows_are_the_harness_s_rolling_windows():
+    """lm-evaluation-harness's own get_rolling_token_windows + make_disjoint_window (context 1) as the reference:
+    every id predicted once, the last, shorter window with a full window of input."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from modforge.evals.scoring import rolling_windows
+
+    for n in range(1, 26):
+        for length in (1, 2, 3, 5, 8):
+            ids = list(range(10, 10 + n))
+            ref = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=ids, prefix_token=0, max_seq_len=length, context_len=1)]
+            assert [(list(a), list(b)) for a, b in ref] == rolling_windows(ids, 0, length), (n, length)
 
 
 def test_in_loop_evaluations_equal_the_eval_verb(trained):

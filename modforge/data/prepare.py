@@ -328,6 +328,9 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = lambda s: print(s, 
             log(f"[modforge] {tok.name} tokenizer fitted on the training documents: {tok.vocab_size} ids "
                 f"({time.perf_counter() - t0:.1f} s)")
     eod = None if cfg.eod == "none" else tok.eos_id
+    if cfg.eod != "none" and eod is None:
+        raise ConfigError(f"eod={cfg.eod}: tokenizer '{tok.name}' has no end-of-text token to mark documents with; "
+                          "use eod=none, or a tokenizer.json with one (<|endoftext|>, </s>, [SEP])")
     dtype = tok.token_dtype
     writers = {s: SplitWriter(s, out, dtype, cfg.shard_tokens) for s in ("train", "val")}
     if state is not None:

@@ -6,11 +6,12 @@ conventions, so that a figure here is the figure there).
   ``encode(context)``'s, an empty context becomes the end-of-text id, and the input is the last
   ``max_len + 1`` ids less the last; the continuation's log-probability is the sum over its ids.
 * Multiple choice: ``acc`` is the share of items whose right choice has the highest log-probability;
-  ``acc_norm`` divides each choice's log-probability by its length in characters first (lm-evaluation-harness's
-  ``acc_norm``); ``bpb`` is the right continuations' bits over their UTF-8 bytes, summed over the items
+  ``acc_norm`` divides each choice's log-probability by its length in characters first, less one leading space
+  (lm-evaluation-harness's ``acc_norm``, whose choices exclude the ``target_delimiter``); ``bpb`` is the right continuations' bits over their UTF-8 bytes, summed over the items
   (the DataDecide / OLMo measure that ranks small models where accuracy is still at chance).
 * Text: ``bpb`` over all the items' bytes, each text cut into windows of ``max_len`` predicted tokens, each
-  window conditioned on the token before it (lm-evaluation-harness's rolling windows with context 1).
+  window conditioned on the token before it, the last and shorter one on a full window's worth
+  (lm-evaluation-harness's rolling windows with context 1, :func:`rolling_windows`).
 """
 import math
 from dataclasses import dataclass
@@ -69,10 +70,27 @@ def rolling_loglikelihood(model: Callable, ids: Sequence[int], prefix_id: int, m
                           device=None) -> float:
     """The sum of log-probabilities of every id of ``ids``, in windows of ``max_len`` predicted ids, each
     conditioned on the id before it (the first on ``prefix_id``)."""
-    full = [prefix_id] + list(ids)
-    # window s: input full[s-1 : s-1+max_len], predicting full[s : s+max_len]
-    requests = [(full[s - 1 : s], full[s : s + max_len]) for s in range(1, len(full), max_len)]
-    return sum(ll for ll, _ in loglikelihoods(model, requests, max_len, batch_size, device))
+    return sum(ll for ll, _ in loglikelihoods(model, rolling_windows(list(ids), prefix_id, max_len), max_len,
+                                              batch_size, device))
+
+
+def rolling_windows(ids: list, prefix_id: int, max_len: int) -> list:
+    """(context, continuation) pairs that predict every id of ``ids`` once, as lm-evaluation-harness's
+    ``get_rolling_token_windows`` with one token of context and ``make_disjoint_window`` make them: windows of
+    ``max_len`` predicted ids, each after the id before it (the first after ``prefix_id``); the last, shorter
+    window keeps a full ``max_len`` of input, so its context is longer."""
+    if not ids:
+        return []
+    first = min(max_len, len(ids))
+    out = [([prefix_id], ids[:first])]
+    done = first
+    while done < len(ids):
+        n = min(len(ids) - done, max_len)
+        end = done + n
+        window = ids[max(0, end - max_len - 1): end - 1]
+        out.append((window[: len(window) - (n - 1)], ids[end - n: end]))
+        done = end
+    return out
 
 
 @dataclass
@@ -99,6 +117,11 @@ def score(model: Callable, tokenizer, task: EvalTask, max_len: int, batch_size: 
           items: Optional[Sequence[int]] = None, prefix_id: Optional[int] = None) -> Scores:
     """Score ``task`` (its items ``items``: all by default) with ``model`` (ids (B, T) -> logits (B, T, V))."""
     prefix = tokenizer.eos_id if prefix_id is None else prefix_id
+    if prefix is None:
+        from modforge.errors import ConfigError
+
+        raise ConfigError(f"task {task.name}: the model's tokenizer has no end-of-text id, which stands for an empty "
+                          "context and starts each text; these evaluations need one")
     chosen = [task.items[i] for i in (range(len(task.items)) if items is None else items)]
     s = Scores(task.name, task.kind, items=len(chosen))
     if task.kind == CHOICE:
@@ -115,7 +138,7 @@ def score(model: Callable, tokenizer, task: EvalTask, max_len: int, batch_size: 
             k += n
             gold = it["label"]
             s.correct += float(_argmax(ll) == gold)
-            s.correct_norm += float(_argmax([v / len(c) for v, c in zip(ll, it["choices"])]) == gold)
+            s.correct_norm += float(_argmax([v / norm_length(c) for v, c in zip(ll, it["choices"])]) == gold)
             s.bits += -ll[gold] / LN2
             s.bytes += len(it["choices"][gold].encode("utf-8"))
         return s
@@ -124,6 +147,12 @@ def score(model: Callable, tokenizer, task: EvalTask, max_len: int, batch_size: 
                                          device) / LN2
         s.bytes += len(it["text"].encode("utf-8"))
     return s
+
+
+def norm_length(choice: str) -> int:
+    """The length ``acc_norm`` divides by: the choice's characters less one leading space, which is
+    lm-evaluation-harness's ``target_delimiter`` (its ``acc_norm`` divides by the choice without it)."""
+    return max(1, len(choice) - (1 if choice.startswith(" ") else 0))
 
 
 def _argmax(values: Sequence[float]) -> int:

@@ -149,7 +149,7 @@ class Task(L.LightningModule):
         tokens, its examples): a torchmetrics metric that sums value*weight and weight, reduced across
         DDP ranks by sums, so a DDP run reports exactly what one process does on the same items (Lightning's
         ``sync_dist`` would average the ranks' means instead)."""
-        key = name.replace("/", "__")  # a ModuleDict key cannot hold "."; "/" kept readable
+        key = name.replace("/", "__").replace(".", "_")  # a ModuleDict key cannot hold "." ("/" kept readable)
         if key not in self.val_means:
             with torch.inference_mode(False):
                 self.val_means[key] = _Mean().to(self.device)

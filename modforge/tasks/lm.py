@@ -77,7 +77,7 @@ class CausalLM(Task):
 
     def __init__(self, cfg, run_cfg, facts):
         super().__init__(cfg, run_cfg, facts)
-        self.eval_tasks = load_tasks(cfg.evals, "task.evals")
+        self._eval_tasks = None  # read at the first validation: a checkpoint rebuilt elsewhere needs no task file
         if cfg.document_mask and facts.eod_id is None:
             raise ConfigError("task.document_mask=true: the data has no end-of-document id (prepared with eod=none?); "
                               "give data.eod_id=, or prepare the shards with eod=end|start")
@@ -118,20 +118,27 @@ class CausalLM(Task):
     def on_validation_epoch_end(self) -> None:
         """The downstream tasks of ``task.evals``, scored on the model as it is now; each DDP rank scores every
         world_size-th item, and the sums are reduced (one process's figures)."""
-        if not self.eval_tasks:
+        if not self.cfg.evals:
             return
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         was_training = self.model.training
         self.model.eval()
         try:
-            for t in self.eval_tasks:
+            for t in self.eval_tasks():
                 mine = range(rank, len(t), world)
                 s = score(self.model, self.tokenizer, t, self.context_len, self.cfg.eval_batch_size, self.device,
                           items=mine) if len(mine) else Scores(t.name, t.kind)
                 self.log_scores(s)
         finally:
             self.model.train(was_training)
+
+    def eval_tasks(self) -> list:
+        """``task.evals`` read once, at the first validation that scores them (the run's pre-flight has checked
+        them already; rebuilding a checkpoint for ``eval``, ``generate`` or ``export`` never reads them)."""
+        if self._eval_tasks is None:
+            self._eval_tasks = load_tasks(self.cfg.evals, "task.evals")
+        return self._eval_tasks
 
     def log_scores(self, s: Scores) -> None:
         if s.kind == "choice":
