@@ -23,6 +23,8 @@ OPTIONS = Options("python -m modforge prepare", (
            metavar="name"),
     Option("subset", "the dataset's configuration (dataset=)"),
     Option("split", "the dataset's split (dataset=)", "train"),
+    Option("val_split", "with dataset=: validate on this split's rows instead of val_fraction of split's",
+           metavar="split"),
     Option("text_field", "the text column of a dataset or key of a .jsonl object", "text"),
     Option("documents", "what one document of a text file is (a .jsonl line is one, always)", "file", "choice",
            ("file", "line", "blank_line")),

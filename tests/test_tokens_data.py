@@ -145,12 +145,18 @@ def test_a_killed_prepare_leaves_no_whole_looking_shard_and_resumes_to_the_same_
         prepared(tmp_path, "killed")
     monkeypatch.undo()
     killed = tmp_path / "killed"
-    assert sorted(p.name for p in killed.iterdir()) == [".prepare.json", "train_000000.bin", "train_000001.bin"]
+    assert sorted(p.name for p in killed.iterdir()) == [".prepare-val-pending.npy", ".prepare.json",
+                                                        "train_000000.bin", "train_000001.bin"]
     with pytest.raises(ConfigError, match=r"data.path=.*killed: prepare did not finish|no .* names the shards"):
         compose_and_prepare(killed)
-    counted = []
+    counted, starts = [], []
     monkeypatch.setattr(P, "write_shard", lambda *a: (counted.append(1), real(*a)))
+    real_batches = P.batches
+    monkeypatch.setattr(P, "batches", lambda docs, start, *a: (starts.append(start), real_batches(docs, start, *a))[1])
     prepared(tmp_path, "killed")  # the same command again: it resumes
+    second_end = json.loads((whole / "meta.json").read_text())["shards"][1]["docs"][1]
+    last_val = max(i for i in range(second_end) if is_val(i, 0.1))  # val's buffer holds up to it, saved
+    assert starts == [min(second_end, last_val + 1)] and starts[0] > 100  # not document 0
     n_shards = len(json.loads((whole / "meta.json").read_text())["shards"])
     assert len(counted) == n_shards - 2  # the two finished shards were not written again
     assert sorted(p.name for p in killed.iterdir()) == sorted(p.name for p in whole.iterdir())
@@ -172,9 +178,11 @@ def compose_and_prepare(path: Path):
     (["out=o", "input=nope.txt"], r"input=nope.txt: no such file"),
     (["out=o", "input=c.txt", "eod=middle"], r"eod=middle: allowed values are end, start, none"),
     (["out=o", "input=c.txt", "val_fraction=1.5"], r"val_fraction=1.5: must be in \(0, 1\)"),
-    (["out=o", "input=c.txt"], r"val_fraction=0.01: of 1 documents, none went to val"),
+    (["out=o", "input=c.txt"], r"val_fraction=0.01: of 1 file\(s\), each one document \(documents=file\), none "
+                               r"would validate"),
+    (["out=o", "input=c.txt", "val_split=validation"], r"val_split=validation: names a split of a dataset"),
     (["out=o", "input=c.txt", "documents=line", "tokenizer=bpe", "vocab_size=10"], r"vocab_size=10: a byte-level BPE"),
-    (["out=o", "input=c.txt", "tokenizer_path=none.json"], r"tokenizer_path=none.json: no such file"),
+    (["out=o", "input=c.txt", "documents=line", "tokenizer_path=none.json"], r"tokenizer_path=none.json: no such file"),
     (["out=o", "input=bad.jsonl"], r"bad.jsonl: line 2 has no text field 'text'"),
 ])
 def test_prepare_refuses_bad_options_in_one_line(tmp_path, argv, message):
@@ -386,3 +394,42 @@ def test_a_bpe_preset_without_its_shards_stops_in_one_line(tmp_path):
     errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
     assert p.returncode == 2 and len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert f"data.path={tmp_path / 'nowhere'}: no such directory" in errors[0]
+
+
+def test_a_prepare_that_leaves_a_split_empty_cleans_up_so_the_corrected_command_runs(tmp_path):
+    src = corpus(tmp_path / "c.txt", 20)
+    cfg = dict(out=str(tmp_path / "o"), input=str(src), documents="line", vocab_size=300, shard_tokens=50,
+               workers=1, progress=False)
+    with pytest.raises(ConfigError, match=r"val_fraction=0.01: of 20 documents, none went to val"):
+        prepare(PrepareConfig(**cfg, val_fraction=0.01), log=lambda s: None)
+    assert [p.name for p in (tmp_path / "o").iterdir()] == []  # no state, no shard of the failed settings
+    meta = prepare(PrepareConfig(**cfg, val_fraction=0.1), log=lambda s: None)
+    assert meta["splits"]["val"]["docs"] == 2
+
+
+def test_a_shard_never_overflows_its_header_and_a_document_too_long_for_one_is_refused(tmp_path, monkeypatch):
+    import modforge.data.prepare as P
+
+    monkeypatch.setattr(P, "MAX_SHARD", 10)
+    w = P.SplitWriter("train", tmp_path, np.uint16, shard_tokens=1000)
+    assert not w.add(0, np.arange(6, dtype=np.uint16), 6, 6)
+    assert w.add(1, np.arange(6, dtype=np.uint16), 6, 6)  # 12 > 10: the first document's shard is written first
+    assert [e["tokens"] for e in w.shards] == [6] and w.buf_tokens == 6
+    with pytest.raises(ConfigError, match=r"document 2 is 11 tokens, more than a shard holds \(10"):
+        w.add(2, np.arange(11, dtype=np.uint16), 11, 11)
+
+
+def test_a_dataset_s_own_validation_split_validates(tmp_path):
+    """val_split=: the validation documents are that split's rows (WikiText's lines: a share of the training rows
+    would put lines of one article on both sides)."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    rng = random.Random(1)
+    for split, n in (("train", 40), ("validation", 5)):
+        (d / f"{split}.jsonl").write_text("".join(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(9))})
+                                                  + "\n" for _ in range(n)))
+    meta = prepare(PrepareConfig(out=str(tmp_path / "o"), dataset=str(d), val_split="validation", vocab_size=300,
+                                 workers=1, progress=False), log=lambda s: None)
+    assert meta["splits"]["train"]["docs"] == 40 and meta["splits"]["val"]["docs"] == 5
+    val_text = [json.loads(line)["text"] for line in (d / "validation.jsonl").read_text().splitlines()]
+    assert meta["splits"]["val"]["chars"] == sum(map(len, val_text))

@@ -11,10 +11,10 @@ taken in order, so the shards are the same bytes whatever the number of workers.
 puts the tokenizer's end-of-text id after each document (``end``: nanoGPT's OpenWebText), before it
 (``start``: llm.c's and modded-nanogpt's FineWeb), or nowhere (``none``).
 
-A shard holds whole documents and closes once it reaches ``shard_tokens``. It is written under a temporary
-name and renamed when whole; then ``.prepare.json`` records it and where each split stands, so a killed
-prepare resumes at the first document not in a finished shard, and no file that looks like a shard is ever
-partial. ``meta.json`` (:data:`~modforge.data.shards.META`) is written last: a directory without it is not
+A shard holds whole documents and closes once it reaches ``shard_tokens`` (or before its count would pass
+the header's int32). It is written under a temporary name and renamed when whole; then ``.prepare.json``
+records it and where each split stands, the other split's buffer saved beside it, so a killed prepare resumes
+after the last shard either split finished, and no file that looks like a shard is ever partial. ``meta.json`` (:data:`~modforge.data.shards.META`) is written last: a directory without it is not
 finished, and ``data=tokens`` refuses it.
 """
 import contextlib
@@ -48,6 +48,7 @@ class PrepareConfig:
     dataset: Optional[str] = None  # a Hugging Face dataset in the local cache
     subset: Optional[str] = None
     split: str = "train"
+    val_split: Optional[str] = None  # with dataset=: validate on this split's rows (val_fraction unused)
     text_field: str = "text"
     documents: str = "file"
     encoding: str = "utf-8"
@@ -78,10 +79,27 @@ class Documents:
                               "cached Hugging Face dataset (dataset=<name>), one of the two")
         if cfg.documents not in DOCUMENTS:
             raise ConfigError(f"documents={cfg.documents}: allowed values are {', '.join(DOCUMENTS)}")
+        if cfg.val_split and not cfg.dataset:
+            raise ConfigError(f"val_split={cfg.val_split}: names a split of a dataset (dataset=); text files "
+                              "validate on val_fraction of their documents")
         self.paths = expand_paths([p for p in str(cfg.input).split(",") if p], "input") if cfg.input else []
-        self.ds = self._load() if cfg.dataset else None
+        self.ds = self._load(cfg.split) if cfg.dataset else None
+        self.val_ds = self._load(cfg.val_split) if cfg.val_split else None
+        n_files = len(self.paths)
+        if cfg.input and cfg.documents == "file" and not any(p.endswith(".jsonl") for p in self.paths) and \
+                not any(is_val(i, cfg.val_fraction) for i in range(n_files)):
+            raise ConfigError(f"val_fraction={cfg.val_fraction}: of {n_files} file(s), each one document "
+                              "(documents=file), none would validate; raise val_fraction, give more files, or cut "
+                              "them into documents (documents=line or blank_line)")
 
-    def _load(self):
+    def validates(self, i: int) -> bool:
+        """Whether document ``i`` goes to validation: the val split's rows (``val_split``), else
+        :func:`is_val`."""
+        if self.val_ds is not None:
+            return i >= len(self.ds)
+        return is_val(i, self.cfg.val_fraction)
+
+    def _load(self, split: str):
         from modforge.data.lm import HF_INSTALL
 
         c = self.cfg
@@ -90,9 +108,9 @@ class Documents:
         except ImportError:
             raise ConfigError(f"dataset={c.dataset} needs the optional 'datasets' package: {HF_INSTALL}") from None
         try:
-            ds = datasets.load_dataset(c.dataset, c.subset, split=c.split)
+            ds = datasets.load_dataset(c.dataset, c.subset, split=split)
         except Exception as e:  # noqa: BLE001 - one line for the library's many errors
-            raise ConfigError(f"dataset={c.dataset} (subset={c.subset}, split={c.split}) could not be loaded: "
+            raise ConfigError(f"dataset={c.dataset} (subset={c.subset}, split={split}) could not be loaded: "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Without network "
                               "access it must already be in the datasets cache (then set HF_DATASETS_OFFLINE=1)") \
                 from None
@@ -104,18 +122,20 @@ class Documents:
     def identity(self) -> Any:
         if self.ds is not None:
             return {"dataset": self.cfg.dataset, "subset": self.cfg.subset, "split": self.cfg.split,
-                    "fingerprint": getattr(self.ds, "_fingerprint", None)}
+                    "fingerprint": getattr(self.ds, "_fingerprint", None),
+                    **({"val_split": self.cfg.val_split, "val_fingerprint": getattr(self.val_ds, "_fingerprint", None)}
+                       if self.val_ds is not None else {})}
         return [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in self.paths]
 
     def __iter__(self) -> Iterator[str]:
         if self.ds is not None:
-            for row in self.ds:
-                t = row[self.cfg.text_field]
-                if t is None:
-                    continue
-                if not isinstance(t, str):
-                    raise ConfigError(f"text_field={self.cfg.text_field}: holds {type(t).__name__} values, not text")
-                yield t
+            for ds in (self.ds, self.val_ds):  # (a row of None is an empty document: indices stay the rows')
+                for row in (ds if ds is not None else []):
+                    t = row[self.cfg.text_field]
+                    if t is not None and not isinstance(t, str):
+                        raise ConfigError(f"text_field={self.cfg.text_field}: holds {type(t).__name__} values, "
+                                          "not text")
+                    yield t or ""
             return
         for p in self.paths:
             if p.endswith(".jsonl"):
@@ -203,7 +223,9 @@ def _init_worker(state: dict) -> None:
 def _encode(docs: list) -> list:
     """[(ids, chars, bytes)] for each document (in the worker)."""
     tok = _worker_tok
-    return [(ids, len(d), len(d.encode("utf-8", "surrogatepass"))) for d, ids in zip(docs, tok.encode_many(docs))]
+    dtype = tok.token_dtype  # (ids cross the pipe at 2 or 4 bytes, not 8)
+    return [(ids.astype(dtype, copy=False), len(d), len(d.encode("utf-8", "surrogatepass")))
+            for d, ids in zip(docs, tok.encode_many(docs))]
 
 
 def batches(docs: Iterator[str], start: int, n: int = BATCH_DOCS) -> Iterator[tuple]:
@@ -240,9 +262,14 @@ def encoder(tok: Tokenizer, workers: int) -> Iterator[Callable]:
 
 # --------------------------------------------------------------------------- the prepare
 
+MAX_SHARD = 2 ** 31 - 1  # llm.c's header counts a shard's tokens in an int32
+
+
 @dataclass
 class SplitWriter:
-    """The shards of one split: documents buffered until ``shard_tokens``, then one shard written whole."""
+    """The shards of one split: documents buffered until ``shard_tokens``, then one shard written whole. What is
+    buffered is saved beside the state (:meth:`save_pending`) whenever the other split finishes a shard, so a
+    resumed prepare starts from the last shard either split finished, not from the first document."""
 
     name: str
     out: Path
@@ -256,41 +283,73 @@ class SplitWriter:
         self.buf: list = []
         self.buf_tokens = 0
         self.buf_first: Optional[int] = None
+        self.seen = self.next_doc  # the first document not yet in a shard or the buffer
         self.pending = {"docs": 0, "tokens": 0, "chars": 0, "bytes": 0}
 
     def add(self, i: int, ids: np.ndarray, chars: int, nbytes: int) -> bool:
         """Buffer document ``i``; True when a shard was written."""
-        if i < self.next_doc:
-            return False  # already in a finished shard (a resumed prepare)
+        if i < self.seen:
+            return False  # already in a shard or the saved buffer (a resumed prepare)
+        if len(ids) > MAX_SHARD:
+            raise ConfigError(f"document {i} is {len(ids):,} tokens, more than a shard holds ({MAX_SHARD:,}: llm.c's "
+                              "header counts them in an int32); cut it (documents=line or blank_line)")
+        wrote = False
+        if self.buf and self.buf_tokens + len(ids) > MAX_SHARD:  # it would overflow the header's count
+            self.flush()
+            wrote = True
         if self.buf_first is None:
             self.buf_first = i
         self.buf.append(ids)
         self.buf_tokens += len(ids)
         for k, v in (("docs", 1), ("tokens", len(ids)), ("chars", chars), ("bytes", nbytes)):
             self.pending[k] += v
-        self._last = i
+        self.seen = i + 1
         if self.buf_tokens >= self.shard_tokens:
             self.flush()
             return True
-        return False
+        return wrote
 
     def flush(self) -> None:
         if not self.buf:
             return
-        ids = np.concatenate(self.buf)
+        ids = np.concatenate(self.buf) if len(self.buf) > 1 else self.buf[0]
         name = f"{self.name}_{len(self.shards):06d}.bin"
         with atomic_file(self.out / name) as fh:
             write_shard(fh, ids, self.dtype)
         self.shards.append({"file": name, "tokens": int(len(ids)), "bytes": (self.out / name).stat().st_size,
-                            "max_id": int(ids.max()) if len(ids) else -1, "docs": [self.buf_first, self._last + 1]})
+                            "max_id": int(ids.max()) if len(ids) else -1, "docs": [self.buf_first, self.seen]})
         for k in self.totals:
             self.totals[k] += self.pending[k]
-        self.next_doc = self._last + 1
+        self.next_doc = self.seen
         self.buf, self.buf_tokens, self.buf_first = [], 0, None
         self.pending = {k: 0 for k in self.pending}
+        (self.out / self.pending_file).unlink(missing_ok=True)
+
+    @property
+    def pending_file(self) -> str:
+        return f".prepare-{self.name}-pending.npy"
+
+    def save_pending(self) -> None:
+        """The buffer, atomically (its documents, counts and first index go in the state)."""
+        if self.buf:
+            with atomic_file(self.out / self.pending_file) as fh:
+                np.save(fh, np.concatenate(self.buf) if len(self.buf) > 1 else self.buf[0])
+        else:
+            (self.out / self.pending_file).unlink(missing_ok=True)
 
     def state(self) -> dict:
-        return {"shards": self.shards, "next_doc": self.next_doc, "totals": self.totals}
+        return {"shards": self.shards, "next_doc": self.next_doc, "totals": self.totals,
+                "buffer": {"first": self.buf_first, "seen": self.seen, "counts": self.pending} if self.buf else None}
+
+    def restore(self, st: dict) -> None:
+        self.shards, self.next_doc, self.totals = st["shards"], st["next_doc"], st["totals"]
+        self.seen = self.next_doc
+        buf = st.get("buffer")
+        path = self.out / self.pending_file
+        if buf and path.is_file():
+            arr = np.load(path)
+            self.buf, self.buf_tokens = [arr], len(arr)
+            self.buf_first, self.seen, self.pending = buf["first"], buf["seen"], dict(buf["counts"])
 
 
 def prepare(cfg: PrepareConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict:
@@ -335,15 +394,16 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = lambda s: print(s, 
     writers = {s: SplitWriter(s, out, dtype, cfg.shard_tokens) for s in ("train", "val")}
     if state is not None:
         for s, w in writers.items():
-            w.shards, w.next_doc, w.totals = state["splits"][s]["shards"], state["splits"][s]["next_doc"], \
-                state["splits"][s]["totals"]
+            w.restore(state["splits"][s])
 
-    def save() -> None:
+    def save() -> None:  # the buffers first: the state names them
+        for w in writers.values():
+            w.save_pending()
         write_json(out / STATE, {"identity": ident, "tokenizer": tok.state(),
                                  "splits": {s: w.state() for s, w in writers.items()}})
 
     save()
-    start = min(w.next_doc for w in writers.values())
+    start = min(w.seen for w in writers.values())
     workers = cfg.workers or (os.cpu_count() or 1)
     t0, n_docs = time.perf_counter(), start
     bar = _bar(cfg.progress, start)
@@ -352,8 +412,11 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = lambda s: print(s, 
             index = start
             for encoded in encode(batches(iter(docs), start)):
                 for ids, chars, nbytes in encoded:
-                    ids = _with_eod(ids, eod, cfg.eod)
-                    w = writers["val" if is_val(index, cfg.val_fraction) else "train"]
+                    if not chars:  # an empty document (a dataset's empty row): nothing to mark
+                        index += 1
+                        continue
+                    ids = _with_eod(ids.astype(dtype, copy=False), eod, cfg.eod)
+                    w = writers["val" if docs.validates(index) else "train"]
                     if w.add(index, ids, chars, nbytes):
                         save()
                     index += 1
@@ -363,13 +426,19 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = lambda s: print(s, 
                 w.flush()
     finally:
         bar.close()
+    empty = [s for s, w in writers.items() if not w.shards]
+    if empty:  # nothing to resume: what this prepare wrote goes, so that the command with other settings runs
+        for w in writers.values():
+            for e in w.shards:
+                (out / e["file"]).unlink(missing_ok=True)
+            (out / w.pending_file).unlink(missing_ok=True)
+        (out / STATE).unlink(missing_ok=True)
+        s = empty[0]
+        raise ConfigError(f"val_fraction={cfg.val_fraction}: of {n_docs} documents, none went to {s}; "
+                          + ("lower val_fraction, or give more documents" if s == "train" else
+                             "raise val_fraction, or give more documents (documents=line or blank_line cuts "
+                             "a text file into many)"))
     save()
-    for s, w in writers.items():
-        if not w.shards:
-            raise ConfigError(f"val_fraction={cfg.val_fraction}: of {n_docs} documents, none went to {s}; "
-                              + ("lower val_fraction, or give more documents" if s == "train" else
-                                 "raise val_fraction, or give more documents (documents=line or blank_line cuts "
-                                 "a text file into many)"))
     meta = {"format": META_FORMAT, "version": META_VERSION, "complete": True, "identity": ident,
             "tokenizer": tok.state(), "vocab_size": tok.vocab_size, "eod_id": eod, "eod_policy": cfg.eod,
             "dtype": np.dtype(dtype).name,
@@ -402,7 +471,7 @@ def _fit_texts(docs: Documents, cfg: PrepareConfig) -> Iterator[str]:
     for i, d in enumerate(docs):
         if budget <= 0:
             return
-        if not is_val(i, cfg.val_fraction):
+        if not docs.validates(i):
             yield d[:budget]
             budget -= len(d)
 
