@@ -64,7 +64,7 @@ def write_shard(fh: BinaryIO, ids: np.ndarray, dtype: np.dtype) -> None:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = magic, MAGICS[magic][0], len(ids)
     fh.write(header.tobytes())
-    fh.write(np.asarray(ids).astype(dtype, copy=False).tobytes())
+    fh.write(memoryview(np.ascontiguousarray(np.asarray(ids).astype(dtype, copy=False))))  # no second copy
 
 
 def open_shard(path: Any, raw_dtype: str = "uint16", key: str = "data.path") -> Shard:

@@ -188,7 +188,7 @@ def carry_up(d: Design, study_dir: Path, plan: Plan, clock: StageClock, fits: di
             out[(a, r)] = {**g, "predicted": 2 ** x, "sd_doublings": sd, "rates": rates + extended[(a, r)],
                            "extended": len(extended[(a, r)]),
                            "law": {"a": law.a, "b": law.b, "extra_sd": law.extra_sd, "points": law.points},
-                           "saved_runs": (len(tuning.settings(d.grid)) - len(rates) - len(extended[(a, r)]))
+                           "saved_runs": max(0, len(tuning.settings(d.grid)) - len(rates) - len(extended[(a, r)]))
                            * len(d.tune_seeds)}
     return out
 
