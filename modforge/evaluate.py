@@ -70,7 +70,8 @@ def harness_results(task, names: list, limit: int = 0, batch_size: int = 16, dev
 
     try:
         manager = TaskManager(include_path=include) if include else TaskManager()
-        out = evaluate(ModforgeLM(task=task, device=device, batch_size=batch_size), get_task_dict(names, manager),
+        tasks = manager.load(names) if hasattr(manager, "load") else get_task_dict(names, manager)  # (0.4.13; older)
+        out = evaluate(ModforgeLM(task=task, device=device, batch_size=batch_size), tasks,
                        limit=limit or None, bootstrap_iters=0, log_samples=False, verbosity="WARNING")
     except Exception as e:  # noqa: BLE001 - the harness's many failures (a task unknown, a dataset not cached)
         first = str(e).splitlines()[0] if str(e) else ""
