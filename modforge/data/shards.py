@@ -34,7 +34,7 @@ MAGIC_U32, VERSION_U32 = 20240801, 7  # llm.c's Llama 3 shards (uint32)
 MAGICS = {MAGIC_U16: (VERSION_U16, np.dtype("<u2")), MAGIC_U32: (VERSION_U32, np.dtype("<u4"))}
 META = "meta.json"
 PREPARE_STATE = ".prepare.json"  # an unfinished prepare's record (removed when meta.json is written)
-META_FORMAT = "modforge.tokens"
+META_FORMAT = "modforge-tokens"
 META_VERSION = 1
 RAW_DTYPES = ("uint16", "uint32")
 
