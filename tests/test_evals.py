@@ -146,7 +146,7 @@ def test_in_loop_evaluations_equal_the_eval_verb(trained):
     ('{"context": "a", "choices": ["b", "c"], "label": 2}\n', r"line 1: \"label\"=2 must be the index of the right "
                                                                r"choice, 0..1"),
     ('{"context": "a", "choices": ["b"], "label": 0}\n', r"line 1: \"choices\" must be a list of at least 2"),
-    ('{"text": "a"}\nnot json\n', r"line 2 is not JSON"),
+    ('{"text": "a"}\nnot json\n', r"line 2: not JSON"),
     ('{"text": "a"}\n{"context": "a", "choices": ["b", "c"], "label": 0}\n', r"line 2 is a choice item among text"),
     ('\n\n', r"no items"),
     ('{"question": "a"}\n', r"line 1: neither a multiple-choice item"),

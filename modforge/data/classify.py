@@ -14,7 +14,6 @@ truncated to ``max_len`` tokens. Batches are dicts: ``src`` (B, T) int64 padded
 with <pad>, ``src_mask`` (B, T) True at real tokens, ``label`` (B,) int64.
 """
 import csv
-import json
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -22,7 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from modforge.data.base import LABELS
-from modforge.data.corpus import existing_file, open_text, refuse_binary
+from modforge.data.corpus import existing_file, jsonl_objects, open_text, refuse_binary
 from modforge.data.examples import ExamplesData, collate_labeled, hold_out
 from modforge.data.config import TokenizedDataConfig
 from modforge.data.tokenizers import Tokenizer
@@ -97,26 +96,16 @@ def read_tsv(path, text_field, label_field, key, encoding="utf-8"):
 
 def read_jsonl(path: str, text_field: str, label_field: str, key: str, encoding: str = "utf-8") -> list[tuple]:
     out = []
-    with open_text(path, key, encoding) as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise ConfigError(f"{key}={path}, line {n}: not JSON ({e}).") from None
-            if not isinstance(obj, dict):
-                raise ConfigError(f"{key}={path}, line {n}: expected a JSON object with {text_field!r} "
-                                  f"and {label_field!r}.")
-            for fld, k in ((text_field, "text_field"), (label_field, "label_field")):
-                if fld not in obj:
-                    raise ConfigError(f"data.{k}={fld}: {key}={path}, line {n} has no such key "
-                                      f"(keys: {', '.join(obj) or 'none'}).")
-            text = obj[text_field]
-            if not isinstance(text, str):
-                raise ConfigError(f"{key}={path}, line {n}: {text_field!r} must be a string, "
-                                  f"got {type(text).__name__}.")
-            out.append((text, str(obj[label_field]).strip(), n))
+    for n, obj in jsonl_objects(path, key, encoding, f"a JSON object with {text_field!r} and {label_field!r}"):
+        for fld, k in ((text_field, "text_field"), (label_field, "label_field")):
+            if fld not in obj:
+                raise ConfigError(f"data.{k}={fld}: {key}={path}, line {n} has no such key "
+                                  f"(keys: {', '.join(obj) or 'none'}).")
+        text = obj[text_field]
+        if not isinstance(text, str):
+            raise ConfigError(f"{key}={path}, line {n}: {text_field!r} must be a string, "
+                              f"got {type(text).__name__}.")
+        out.append((text, str(obj[label_field]).strip(), n))
     return out
 
 

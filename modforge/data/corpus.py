@@ -9,6 +9,7 @@ import codecs
 import contextlib
 import glob
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -134,6 +135,25 @@ def open_text(path: str, key: str, encoding: str = "utf-8", **kw: Any) -> Iterat
         raise ConfigError(
             f"{key}={path}: not valid {encoding} text at byte {offset} (0x{byte:02x}); if the file is in another "
             f"encoding, say which with data.encoding= (e.g. data.encoding=latin-1)") from None
+
+
+def jsonl_objects(path: str, key: str, encoding: str = "utf-8",
+                  expected: str = "a JSON object") -> Iterator[tuple]:
+    """(line number, object) for each non-blank line of a JSONL file, read as :func:`open_text` reads (an
+    undecodable byte names its offset); a line that is not JSON, or not ``expected``, is one ConfigError naming
+    ``key``, the file and the line. The one JSONL reader of classification data, prepare's documents and the
+    evaluation tasks."""
+    with open_text(path, key, encoding) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"{key}={path}, line {n}: not JSON ({e}).") from None
+            if not isinstance(obj, dict):
+                raise ConfigError(f"{key}={path}, line {n}: expected {expected}.")
+            yield n, obj
 
 
 def first_bad_byte(path: str, encoding: str) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from modforge.data.corpus import expand_paths, open_text, refuse_binary
+from modforge.data.corpus import expand_paths, jsonl_objects, open_text, refuse_binary
 from modforge.data.shards import META, META_FORMAT, META_VERSION, PREPARE_STATE, write_shard
 from modforge.data.tokenizers import Tokenizer, load_tokenizer
 from modforge.registry import ConfigError
@@ -145,18 +145,11 @@ class Documents:
 
     def _jsonl(self, path: str) -> Iterator[str]:
         key = self.cfg.text_field
-        with open_text(path, "input", self.cfg.encoding) as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise ConfigError(f"input={path}: line {n} is not JSON ({e})") from None
-                t = row.get(key) if isinstance(row, dict) else None
-                if not isinstance(t, str):
-                    raise ConfigError(f"input={path}: line {n} has no text field '{key}' (text_field=)")
-                yield t
+        for n, row in jsonl_objects(path, "input", self.cfg.encoding, f"a JSON object with its text in {key!r}"):
+            t = row.get(key)
+            if not isinstance(t, str):
+                raise ConfigError(f"input={path}: line {n} has no text field '{key}' (text_field=)")
+            yield t
 
     def _text(self, path: str) -> Iterator[str]:
         how = self.cfg.documents

@@ -11,12 +11,12 @@ A task is named by a built-in name (:func:`builtin_tasks`: the ``*.jsonl`` files
 ``modforge/evals/tasks/``) or by the path of a ``.jsonl`` file, whose stem names its metrics
 (``val/<name>/acc``).
 """
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from modforge.data.corpus import jsonl_objects
 from modforge.errors import ConfigError
 from modforge.utils.readers import regular_file
 
@@ -51,28 +51,19 @@ def load_task(spec: Any, key: str = "tasks") -> EvalTask:
     else:
         raise ConfigError(f"{key}={spec}: not a built-in task ({', '.join(known) or 'none'}) nor a .jsonl file")
     items, kind = [], None
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{key}={spec}: line {n}"
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise ConfigError(f"{where} is not JSON ({e})") from None
-            k = _kind(row, where)
-            if kind is not None and k != kind:
-                raise ConfigError(f"{where} is a {k} item among {kind} items; a task file holds one kind")
-            kind = k
-            items.append(row)
+    for n, row in jsonl_objects(str(path), key, expected="a JSON object, with context/choices/label or text"):
+        where = f"{key}={spec}: line {n}"
+        k = _kind(row, where)
+        if kind is not None and k != kind:
+            raise ConfigError(f"{where} is a {k} item among {kind} items; a task file holds one kind")
+        kind = k
+        items.append(row)
     if not items:
         raise ConfigError(f"{key}={spec}: no items (one JSON object per line)")
     return EvalTask(Path(path).stem, kind, items, str(path))
 
 
-def _kind(row: Any, where: str) -> str:
-    if not isinstance(row, dict):
-        raise ConfigError(f"{where}: a JSON object, with context/choices/label or text")
+def _kind(row: dict, where: str) -> str:
     if "choices" in row:
         ch, label = row.get("choices"), row.get("label")
         if not isinstance(row.get("context"), str):
