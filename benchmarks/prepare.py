@@ -61,7 +61,7 @@ def ours(docs: list, tokenizer_json: str, out: Path, workers: int) -> int:
 
     class InMemory(P.Documents):  # the same list the peer reads, not files
         def __init__(self, cfg):
-            self.cfg, self.ds, self.paths = cfg, None, []
+            self.cfg, self.ds, self.val_ds, self.paths = cfg, None, None, []
 
         def identity(self):
             return {"benchmark": len(docs)}
@@ -110,7 +110,7 @@ def main(argv=None) -> None:
             counts[name] = ours(docs, tj, out, args.workers) if name == "modforge" else \
                 peer(docs, tj, out, eot, fast=name == "peer_fast")
             times[name].append(time.perf_counter() - t0)
-    from modforge.data.prepare import is_val
+    from modforge.data.sources import is_val
 
     lengths = counts["peer"]
     a = np.split(np.fromfile(tmp / "peer-0", dtype=np.uint16), np.cumsum(lengths)[:-1])

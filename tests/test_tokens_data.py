@@ -9,7 +9,8 @@ import torch
 
 from conftest import run_module, tiny_overrides
 from modforge.config import compose
-from modforge.data.prepare import PrepareConfig, is_val, prepare
+from modforge.data.prepare import PrepareConfig, prepare
+from modforge.data.sources import is_val
 from modforge.data.shards import HEADER_BYTES, MAGIC_U16, MAGIC_U32, open_shard, write_shard
 from modforge.registry import ConfigError
 from modforge.run.story import run

@@ -1,15 +1,11 @@
 """Text into token shards (what ``python -m modforge prepare`` runs): documents in, llm.c-layout shards out.
 
-Documents are read in a fixed order from text files (a file, each line, or each blank-line separated block is
-a document), JSONL files (one object per line, its ``text_field``) or a Hugging Face dataset already in the
-local cache (each row). Document ``i`` goes to validation when ``floor((i + 1) f) > floor(i f)`` with ``f`` the
-validation fraction: exactly that fraction, spread evenly, decided by the index alone.
-
-The tokenizer is trained on the training documents (``bpe``, ``char``: on at most ``fit_chars`` characters of
-them) or loaded (``tokenizer_path``). Documents are encoded in batches by a pool of worker processes, results
-taken in order, so the shards are the same bytes whatever the number of workers. The end-of-document policy
-puts the tokenizer's end-of-text id after each document (``end``: nanoGPT's OpenWebText), before it
-(``start``: llm.c's and modded-nanogpt's FineWeb), or nowhere (``none``).
+The documents and which of them validate: :mod:`modforge.data.sources`. The tokenizer is trained on the training
+documents (``bpe``, ``char``: on at most ``fit_chars`` characters of them) or loaded (``tokenizer_path``).
+Documents are encoded in batches by a pool of worker processes, results taken in order, so the shards are the same
+bytes whatever the number of workers. The end-of-document policy puts the tokenizer's end-of-text id after each
+document (``end``: nanoGPT's OpenWebText), before it (``start``: llm.c's and modded-nanogpt's FineWeb), or
+nowhere (``none``).
 
 A shard holds whole documents and closes once it reaches ``shard_tokens`` (or before its count would pass
 the header's int32). It is written under a temporary name and renamed when whole; then ``.prepare.json``
@@ -19,7 +15,6 @@ finished, and ``data=tokens`` refuses it.
 """
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -29,14 +24,13 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from modforge.data.corpus import expand_paths, jsonl_objects, open_text, refuse_binary
+from modforge.data.sources import Documents
 from modforge.data.shards import META, META_FORMAT, META_VERSION, PREPARE_STATE, write_shard
 from modforge.data.tokenizers import Tokenizer, load_tokenizer
 from modforge.registry import ConfigError
 from modforge.utils.files import atomic_file, read_json, remove_stale_temporaries, write_json
 
 STATE = PREPARE_STATE
-DOCUMENTS = ("file", "line", "blank_line")  # how a text file is cut into documents (.jsonl: one per line, always)
 EOD_POLICIES = ("end", "start", "none")
 BATCH_DOCS = 256  # documents per task sent to a worker
 
@@ -66,117 +60,6 @@ class PrepareConfig:
         """What the shards depend on: a resumed prepare must have the same (workers and progress do not count)."""
         keep = {k: v for k, v in asdict(self).items() if k not in ("out", "workers", "progress", "input", "dataset")}
         return {**keep, "sources": sources.identity()}
-
-
-class Documents:
-    """The documents of a prepare, in order: :meth:`__iter__` yields each as text; :meth:`identity` is what
-    changes when they may have."""
-
-    def __init__(self, cfg: PrepareConfig):
-        self.cfg = cfg
-        if bool(cfg.input) == bool(cfg.dataset):
-            raise ConfigError("input= or dataset=: name the text (input=<files or globs, comma-separated>) or a "
-                              "cached Hugging Face dataset (dataset=<name>), one of the two")
-        if cfg.documents not in DOCUMENTS:
-            raise ConfigError(f"documents={cfg.documents}: allowed values are {', '.join(DOCUMENTS)}")
-        if cfg.val_split and not cfg.dataset:
-            raise ConfigError(f"val_split={cfg.val_split}: names a split of a dataset (dataset=); text files "
-                              "validate on val_fraction of their documents")
-        self.paths = expand_paths([p for p in str(cfg.input).split(",") if p], "input") if cfg.input else []
-        self.ds = self._load(cfg.split) if cfg.dataset else None
-        self.val_ds = self._load(cfg.val_split) if cfg.val_split else None
-        n_files = len(self.paths)
-        if cfg.input and cfg.documents == "file" and not any(p.endswith(".jsonl") for p in self.paths) and \
-                not any(is_val(i, cfg.val_fraction) for i in range(n_files)):
-            raise ConfigError(f"val_fraction={cfg.val_fraction}: of {n_files} file(s), each one document "
-                              "(documents=file), none would validate; raise val_fraction, give more files, or cut "
-                              "them into documents (documents=line or blank_line)")
-
-    def validates(self, i: int) -> bool:
-        """Whether document ``i`` goes to validation: the val split's rows (``val_split``), else
-        :func:`is_val`."""
-        if self.val_ds is not None:
-            return i >= len(self.ds)
-        return is_val(i, self.cfg.val_fraction)
-
-    def _load(self, split: str):
-        from modforge.data.lm import HF_INSTALL
-
-        c = self.cfg
-        try:
-            import datasets
-        except ImportError:
-            raise ConfigError(f"dataset={c.dataset} needs the optional 'datasets' package: {HF_INSTALL}") from None
-        try:
-            ds = datasets.load_dataset(c.dataset, c.subset, split=split)
-        except Exception as e:  # noqa: BLE001 - one line for the library's many errors
-            raise ConfigError(f"dataset={c.dataset} (subset={c.subset}, split={split}) could not be loaded: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Without network "
-                              "access it must already be in the datasets cache (then set HF_DATASETS_OFFLINE=1)") \
-                from None
-        if c.text_field not in (getattr(ds, "column_names", None) or []):
-            raise ConfigError(f"text_field={c.text_field}: not a column of {c.dataset} (columns: "
-                              f"{', '.join(getattr(ds, 'column_names', None) or []) or 'none'})")
-        return ds
-
-    def identity(self) -> Any:
-        if self.ds is not None:
-            return {"dataset": self.cfg.dataset, "subset": self.cfg.subset, "split": self.cfg.split,
-                    "fingerprint": getattr(self.ds, "_fingerprint", None),
-                    **({"val_split": self.cfg.val_split, "val_fingerprint": getattr(self.val_ds, "_fingerprint", None)}
-                       if self.val_ds is not None else {})}
-        return [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in self.paths]
-
-    def __iter__(self) -> Iterator[str]:
-        if self.ds is not None:
-            for ds in (self.ds, self.val_ds):  # (a row of None is an empty document: indices stay the rows')
-                for row in (ds if ds is not None else []):
-                    t = row[self.cfg.text_field]
-                    if t is not None and not isinstance(t, str):
-                        raise ConfigError(f"text_field={self.cfg.text_field}: holds {type(t).__name__} values, "
-                                          "not text")
-                    yield t or ""
-            return
-        for p in self.paths:
-            if p.endswith(".jsonl"):
-                yield from self._jsonl(p)
-            else:
-                yield from self._text(p)
-
-    def _jsonl(self, path: str) -> Iterator[str]:
-        key = self.cfg.text_field
-        for n, row in jsonl_objects(path, "input", self.cfg.encoding, f"a JSON object with its text in {key!r}"):
-            t = row.get(key)
-            if not isinstance(t, str):
-                raise ConfigError(f"input={path}: line {n} has no text field '{key}' (text_field=)")
-            yield t
-
-    def _text(self, path: str) -> Iterator[str]:
-        how = self.cfg.documents
-        with open_text(path, "input", self.cfg.encoding) as fh:
-            if how == "file":
-                text = fh.read()
-                refuse_binary(text, path, "input")
-                yield text
-                return
-            block: list = []
-            for line in fh:
-                refuse_binary(line, path, "input")
-                if how == "line":
-                    if line.strip():
-                        yield line.rstrip("\n")
-                elif line.strip():
-                    block.append(line)
-                elif block:
-                    yield "".join(block).rstrip("\n")
-                    block = []
-            if block:
-                yield "".join(block).rstrip("\n")
-
-
-def is_val(i: int, fraction: float) -> bool:
-    """Whether document ``i`` validates: exactly ``fraction`` of the documents, spread evenly."""
-    return math.floor((i + 1) * fraction) > math.floor(i * fraction)
 
 
 def make_tokenizer(cfg: PrepareConfig) -> Tokenizer:
