@@ -52,6 +52,19 @@ def test_duplicate_registration_names_both_providers():
             pass
 
 
+def test_a_plugins_config_directory_is_recorded_once_however_it_arrives():
+    """A full load records ``pkg://pkg.conf``; the cached manifest (read by the front door in the same process,
+    after a load) records the directory it names. Hydra's search path and ``modforge list`` want it once."""
+    label = "test-plugin 9.9"
+    try:
+        registry.record_config_dir(label, "pkg://test_plugin.conf")
+        registry.record_config_dir(label, "/somewhere/test_plugin/conf")
+        assert [d for p, d in registry.plugin_config_dirs() if p == label] == ["pkg://test_plugin.conf"]
+    finally:
+        registry.forget_provider(label)
+    assert all(p != label for p, _ in registry.plugin_config_dirs())
+
+
 def test_plugin_collisions_are_ambiguous_only_when_used():
     reg = registry.Registry(registry.Kind("norm", "a registry of its own"))
     for prov in ("pkg-a 1.0", "pkg-b 2.0"):

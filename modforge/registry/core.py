@@ -290,7 +290,10 @@ def record_failure(label: str, error: str) -> None:
 
 
 def record_config_dir(label: str, path: str) -> None:
-    _CONFIG_DIRS.append((label, path))
+    """A plugin's config directory, once: a full load records it as ``pkg://...`` and the cached manifest as
+    the directory it names, and a process can do both (the front door from the manifest after a load)."""
+    if all(p != label for p, _ in _CONFIG_DIRS):
+        _CONFIG_DIRS.append((label, path))
 
 
 def forget_provider(label: str) -> None:
