@@ -95,10 +95,29 @@ def test_transduce_predicts_the_target_at_each_source_position():
         task.wanted(collate_pairs([([5, 6, 7], [8, 9])]))
 
 
+@pytest.mark.parametrize("arch", [["model=encoder_decoder", "task=seq2seq"], ["model=decoder_only", "task=seq2seq_lm"],
+                                  ["model=encoder_only", "task=transduce"]])
+def test_target_loss_scores_the_same_tokens_of_a_pair_for_every_architecture(arch):
+    """val/target_loss leaves out <eos>, which only the generative tasks predict: each task's is the
+    cross-entropy of exactly the pair's target tokens, by hand; for an encoder-only model it is its val/loss."""
+    task = make_task(*arch)
+    b = collate_pairs(PAIRS)
+    logits, targets, _ = task.teacher_forced(b)
+    content = (targets != IGNORE) & (targets != task.tokenizer.eos_id)
+    assert sorted(targets[content].tolist()) == sorted(t for _, tgt in PAIRS for t in tgt)
+    by_hand = F.cross_entropy(logits[content], targets[content])
+    assert torch.allclose(task.target_loss(logits, targets), by_hand)
+    if "task=transduce" in arch:
+        assert torch.allclose(task.target_loss(logits, targets), task.xent(logits, targets, smoothing=0.0))
+    else:
+        assert not torch.allclose(task.target_loss(logits, targets), task.xent(logits, targets, smoothing=0.0))
+
+
 @pytest.mark.parametrize("arch", [["model=decoder_only", "task=seq2seq_lm"], ["model=encoder_only", "task=transduce"]])
 def test_pair_tasks_train_and_report_exact_match(tmp_path, arch):
     m = run(compose(tiny_overrides(steps=3) + arch + ["data.batch_size=16"]), tmp_path / "run")
     assert math.isfinite(m["val"]["val/loss"]) and 0 <= m["val"]["val/exact_match"] <= 1
+    assert math.isfinite(m["val"]["val/target_loss"])
     assert " -> " in m["sample"] and "(reference: " in m["sample"]
 
 

@@ -10,12 +10,15 @@
   target is as long as its source (``reverse``, ``sort``); no decoding.
 
 All three report, over the validation pairs, ``val/loss`` and ``val/token_acc`` (per target token; the
-generative two also predict <eos>) and ``val/exact_match`` (the fraction of pairs whose whole target is
-right), so the architectures can be compared on one task.
+generative two also predict <eos>), ``val/target_loss`` (the cross-entropy per token of the target itself,
+<eos> left out: the same tokens scored for all three, so the one loss they can be compared on) and
+``val/exact_match`` (the fraction of pairs whose whole target is right), so the architectures can be compared
+on one task.
 """
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from modforge.data.base import PAIRS
 from modforge.models.decoding import Stepper, beam_search, decode
@@ -51,8 +54,8 @@ class PairsTask(Task):
     """Base of the tasks on source -> target pairs: subclasses say how the model is run with teacher forcing
     (:meth:`teacher_forced`) and how it predicts a whole target (:meth:`predict`); training, the validation
     metrics and the end-of-run sample are shared."""
-    metric_ranges = {**Task.metric_ranges, "token_acc": (0.0, 1.0, "max"), "exact_match": (0.0, 1.0, "max"),
-                     "exact_match_beam": (0.0, 1.0, "max")}
+    metric_ranges = {**Task.metric_ranges, "target_loss": (0.0, None, "min"), "token_acc": (0.0, 1.0, "max"),
+                     "exact_match": (0.0, 1.0, "max"), "exact_match_beam": (0.0, 1.0, "max")}
 
     data_needs = PAIRS
 
@@ -82,9 +85,19 @@ class PairsTask(Task):
         n = int(real.sum())
         self.log_mean("val/loss", loss, n, prog_bar=True)  # means over target tokens ...
         self.log_mean("val/token_acc", acc, n, prog_bar=True)
+        content = real & (targets != self.tokenizer.eos_id)
+        if content.any():
+            self.log_mean("val/target_loss", self.target_loss(logits, targets), int(content.sum()))
         if self.cfg.decode_in_val:  # ... and over pairs
             self.log_mean("val/exact_match", self.exact_match(b), b["src"].shape[0], prog_bar=True)
         return loss
+
+    def target_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the target's own tokens: not :data:`IGNORE` and not <eos>, which only the
+        generative tasks predict (an encoder-only model's target has none), so every task scores the same
+        tokens of a pair."""
+        content = (targets != IGNORE) & (targets != self.tokenizer.eos_id)
+        return F.cross_entropy(logits[content].float(), targets[content])
 
     def exact_match(self, b, **kw) -> torch.Tensor:
         """Fraction of rows whose predicted target equals the wanted one (through <eos> where there is one)."""
