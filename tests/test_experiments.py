@@ -117,3 +117,65 @@ def test_the_number_checker_catches_a_figure_no_file_holds_and_a_wrong_derivatio
     assert cn.found("-0.0342", {0.03421}) and not cn.found("0.0342", {0.0343})
     with pytest.raises(ValueError):
         cn.evaluate("__import__('os')")
+
+
+def _fake_study(root: Path, runs: dict) -> dict:
+    """A study directory whose comparison runs are ``runs``: {(arm overrides, seed): successes of 512}; returns a
+    report.json of its arms as the runner writes one (arm, rung, setting)."""
+    import json
+
+    arms = {}
+    for i, ((arm, seed), k) in enumerate(sorted(runs.items())):
+        run = root / "compare" / "round-1" / f"{i}_{arm.replace(',', '_')}-{seed}"
+        (run / ".hydra").mkdir(parents=True)
+        over = arm.split(",") + ["optim.lr=0.001", f"seed={seed}"]
+        (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in over))
+        (run / "config.yaml").write_text("data:\n  n_val: 512\nseed: 0\n")
+        (run / ".modforge-run").write_text("{}")
+        (run / "metrics.json").write_text(json.dumps({"status": "finished", "val": {"val/exact_match": k / 512}}))
+        arms.setdefault(arm, {"arm": arm, "rung": "", "setting": {"optim.lr": 0.001}})
+    (root / "study.json").write_text("{}")
+    base = "model=encoder_decoder"
+    return {"level": 0.95, "arms": [arms[base]] + [a for n, a in sorted(arms.items()) if n != base]}
+
+
+def test_rates_are_tested_over_seeds_exactly_and_a_bimodal_arm_gets_no_mean(tmp_path):
+    """experiments/rates.py: each arm's pooled rate has scipy's Wilson interval; runs at 0.0 and 1.0 are bimodal
+    and get no mean; the test against the baseline is the exact permutation test over every split of the runs
+    (checked by enumerating the splits here), Holm-adjusted; a saved state reads as the directory does."""
+    import itertools
+    import math
+
+    from scipy import stats as sps
+
+    rt, st = _script("rates"), _script("study_state")
+    ed, do, eo = "model=encoder_decoder", "model=decoder_only,task=seq2seq_lm", "model=encoder_only,task=transduce"
+    counts = {ed: [500, 505, 498, 502, 499], do: [0, 512, 510, 3, 511], eo: [480, 470, 490, 485, 477]}
+    runs = {(a, 1000 + i): k for a, ks in counts.items() for i, k in enumerate(ks)}
+    report = _fake_study(tmp_path / "s", runs)
+    t = rt.table(tmp_path / "s", report)
+    rows = {r["arm"]: r for r in t["rows"]}
+    assert rows[do]["bimodal"] and "mean" not in rows[do]
+    assert not rows[eo]["bimodal"] and rows[eo]["mean"][0] == sum(counts[eo]) / 5 / 512
+    K, N = sum(counts[eo]), 5 * 512
+    ci = sps.binomtest(K, N).proportion_ci(confidence_level=0.95, method="wilson")
+    assert rows[eo]["pooled"] == (K, N) and math.isclose(rows[eo]["pooled_wilson"][0], ci.low)
+
+    def by_enumeration(a, b):
+        x = [k / 512 for k in a + b]
+        obs = abs(sum(a) / len(a) - sum(b) / len(b)) / 512
+        splits = list(itertools.combinations(range(len(x)), len(a)))
+        hits = sum(abs(sum(x[i] for i in s) / len(a) - sum(x[i] for i in range(len(x)) if i not in s) / len(b))
+                   >= obs - 1e-12 for s in splits)
+        return hits / len(splits)
+
+    tests = {x["arm"]: x for x in t["tests"]}
+    for arm in (do, eo):
+        assert math.isclose(tests[arm]["p"], by_enumeration(counts[arm], counts[ed]), rel_tol=1e-9)
+    p = sorted([tests[do]["p"], tests[eo]["p"]])
+    assert sorted(x["p_holm"] for x in t["tests"]) == [min(1, 2 * p[0]), max(min(1, 2 * p[0]), p[1])]
+    assert tests[eo]["verdict"] == "lower" and tests[do]["verdict"] == "not distinguishable"
+    assert tests[eo]["p"] == 2 / 252  # 5 runs against 5 all apart: the most an exact test can say
+    st.save(tmp_path / "s", tmp_path / "state.tar.xz")
+    assert rt.table(tmp_path / "state.tar.xz", report) == t
+    assert "| — | model=decoder_only,task=seq2seq_lm | 0/512, 512/512, 510/512, 3/512, 511/512 |" in rt.markdown(t)
