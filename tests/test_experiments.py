@@ -179,3 +179,15 @@ def test_rates_are_tested_over_seeds_exactly_and_a_bimodal_arm_gets_no_mean(tmp_
     st.save(tmp_path / "s", tmp_path / "state.tar.xz")
     assert rt.table(tmp_path / "state.tar.xz", report) == t
     assert "| — | model=decoder_only,task=seq2seq_lm | 0/512, 512/512, 510/512, 3/512, 511/512 |" in rt.markdown(t)
+
+
+def test_the_ladder_refit_gives_a_committed_ladder_its_own_fit_again():
+    """experiments/ladder_fit.py: from ladder_ffn's report.json alone, the same multipliers, alternative, lack of
+    fit, held-out rung and ranking that the study's own code wrote."""
+    import json
+
+    lf = _script("ladder_fit")
+    rep = json.loads((ROOT / "experiments/results/ladder_ffn/study/report.json").read_text())
+    again = json.loads(json.dumps(lf._plain(lf.refit(rep))))
+    for key in ("multipliers", "alternative", "lack_of_fit", "held_out", "fit", "ranking", "agreement", "flips"):
+        assert again[key] == rep["ladder"][key], key

@@ -392,6 +392,11 @@ def test_what_the_review_found_stays_fixed(tmp_path):
     # the ladder pairs on the seeds every arm finished at a rung
     shared = ladder.shared_seeds({"a": {"r": {1: 1.0, 2: 2.0, 3: 3.0}}, "b": {"r": {2: 1.0, 3: float("nan")}}})
     assert shared == {"a": {"r": {2: 2.0}}, "b": {"r": {2: 1.0}}}
+    # an arm that finished nothing at a rung (its comparison never ran there) leaves that rung to the others
+    shared = ladder.shared_seeds({"a": {"r": {1: 1.0, 2: 2.0}, "q": {1: 1.0}}, "b": {"r": {}, "q": {1: 5.0, 2: 4.0}},
+                                  "c": {"r": {2: 3.0}, "q": {1: 2.0}}})
+    assert shared == {"a": {"r": {2: 2.0}, "q": {1: 1.0}}, "b": {"r": {}, "q": {1: 5.0}},
+                      "c": {"r": {2: 3.0}, "q": {1: 2.0}}}
 
 
 def test_rungs_are_declared_smallest_first_and_a_probe_without_a_measure_is_refused():

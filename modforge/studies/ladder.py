@@ -21,10 +21,13 @@ from modforge.studies import scaling
 
 def shared_seeds(values: dict) -> dict:
     """{arm: {rung: {seed: value}}} restricted, at each rung, to the seeds every arm finished there: the ladder's
-    means, fits and gaps are then paired, as the comparisons are (arms decided early have fewer seeds)."""
+    means, fits and gaps are then paired, as the comparisons are (arms decided early have fewer seeds). An arm
+    that finished no run at a rung (its comparison never ran there: an unbracketed rate) is left out of that
+    rung, not allowed to empty it for the others."""
     rungs = {r for by_rung in values.values() for r in by_rung}
-    common = {r: set.intersection(*({s for s, v in by_rung.get(r, {}).items() if math.isfinite(v)}
-                                    for by_rung in values.values())) for r in rungs}
+    done = {r: [{s for s, v in by_rung.get(r, {}).items() if math.isfinite(v)} for by_rung in values.values()]
+            for r in rungs}
+    common = {r: set.intersection(*[seeds for seeds in done[r] if seeds] or [set()]) for r in rungs}
     return {arm: {r: {s: v for s, v in by_seed.items() if s in common[r]} for r, by_seed in by_rung.items()}
             for arm, by_rung in values.items()}
 
@@ -60,7 +63,7 @@ def record(d, values: dict, flops: dict, verdicts: list, draws: int) -> dict:
                 "falls with it")
     fit = joint.fit if joint else None
     return {"fit_note": note,
-            "shared_seeds": {r: len(next(iter(by_arm.values()))[r]) for r in rung_order},
+            "shared_seeds": {r: max(len(by_arm[a][r]) for a in d.arms) for r in rung_order},
             "fit": None if fit is None else {"E": fit.E, "alpha": fit.alpha, "A": fit.A, "c_ref": fit.c0,
                                              "at_edge": fit.at_edge, "sse": fit.sse},
             "multipliers": {a: {"m": m[0], "low": m[1], "high": m[2]} for a, m in (joint.multipliers if joint
