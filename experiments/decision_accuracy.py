@@ -4,7 +4,8 @@ For every committed study report (``experiments/results/<study>/study/report.jso
 each compared arm's verdict at each smaller rung is set beside its verdict at the largest rung: the same word
 (better / worse / equivalent / inconclusive), and the same sign of the estimate. A rung where the arm is the
 baseline's own model (µP over its base shape at the base: every paired difference exactly 0) compares nothing
-and is left out. The rates are the measure of how far a CPU-sized rung predicts a larger one here; they are
+and is left out, as is a comparison that never ran (*undecided*: the runner found the arm's rate unbracketed
+and compared nothing), which has no verdict to set beside another. The rates are the measure of how far a CPU-sized rung predicts a larger one here; they are
 counts over the studies as run, not a designed sample (the studies, arms and rungs were chosen for their own
 questions), and the largest rung is itself a small model.
 
@@ -54,11 +55,11 @@ def rows() -> list:
             verdicts.setdefault((v["arm"], v["rung"]), v)  # (a depth study lists an arm once per rung)
         for arm in dict.fromkeys(v["arm"] for v in rec["verdicts"]):
             top = verdicts.get((arm, order[-1]))
-            if top is None:
+            if top is None or top["verdict"] == "undecided":
                 continue
             for rung in order[:-1]:
                 v = verdicts.get((arm, rung))
-                if v is None or same_model(rec, arm, rung):
+                if v is None or v["verdict"] == "undecided" or same_model(rec, arm, rung):
                     continue
                 est, top_est = v.get("estimate"), top.get("estimate")
                 sign = (None if est is None or top_est is None or not (math.isfinite(est) and math.isfinite(top_est))
