@@ -27,7 +27,8 @@ def refit(report: dict) -> dict:
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     baseline = next(a for a in arms if a not in compared)
     d = SimpleNamespace(rungs={r: {} for r in rungs}, arms=[baseline] + compared, baseline=baseline,
-                        better=report["better"], level=report["level"], study=report["declared"])
+                        better=report["better"], level=report["level"], study=report["declared"],
+                        metric=report["metric"])
     values = {(r["arm"], r["rung"]): {int(s): v for s, v in r["values"].items()} for r in rows}
     flops = {(r["arm"], r["rung"]): r["train_flops"] for r in rows}
     draws = (report.get("ladder") or {}).get("draws") or 1000

@@ -5,12 +5,15 @@ decoder-only model that learns a task on some seeds and not on others: 0.0 on on
 mean worth a t interval. This script reads the comparison runs of a study (its directory, or the state file
 ``experiments/study_state.py`` saved) and gives, for each arm at each rung:
 
-* each run's successes, ``k`` of the ``data.n_val`` validation pairs, with Wilson's interval;
+* each run's successes, ``k`` of the ``data.n_val`` validation pairs, with Wilson's interval (a run that
+  diverged or collapsed counts as 0 of them, and is listed);
 * the arm's pooled rate (all its runs' pairs) with Wilson's interval;
 * whether its runs are **bimodal** (declared rule: one run at or below 0.1 and another at or above 0.9); the
   mean with its t interval is given only where they are not;
 * against the baseline: an **exact permutation test** of the difference of the mean per-run rates, over every
-  split of the runs (the seed is the unit that repeats: a test that counted the pairs as independent trials
+  split of the runs (p: the share of splits whose |difference| is at least the observed one), with the smallest
+  p that its numbers of runs allow (a comparison that could not reach the family's level reads "too few runs
+  for this test", not "not distinguishable") (the seed is the unit that repeats: a test that counted the pairs as independent trials
   would take one lucky seed's 512 successes as 512 pieces of evidence), Holm-adjusted over the comparisons;
   and Fisher's exact test of the pooled counts, which answers the narrower question "on these seeds", shown
   beside it, not used for a verdict.
@@ -65,14 +68,22 @@ def runs_of(source: Path) -> list:
 
 
 def arm_of(overrides: list, report: dict) -> tuple:
-    """(arm, rung) of a run: the report's arm and rung whose overrides the run's all include."""
+    """(arm, rung) of a run: of the report's arms and rungs whose overrides the run's all include, the one that
+    names the most (an arm ``pos=x`` and another ``pos=x,model.n_layers=4``: the second's runs are the second's)."""
     have = set(overrides)
+    best, size = (None, None), -1
     for a in report["arms"]:
         need = [kv for part in (a["arm"], a["rung"]) for kv in part.split(",") if kv]
-        need += [f"{k}={v}" for k, v in a["setting"].items()]
-        if all(kv in have for kv in need):
-            return a["arm"], a["rung"]
-    return None, None
+        need += [f"{k}={v}" for k, v in (a.get("setting") or {}).items()]
+        if all(kv in have for kv in need) and len(need) > size:
+            best, size = (a["arm"], a["rung"]), len(need)
+    return best
+
+
+def baseline_of(report: dict) -> str:
+    """The arm that is in no verdict (the runner lists the compared arms there)."""
+    compared = {v["arm"] for v in report.get("verdicts", [])}
+    return next(a["arm"] for a in report["arms"] if a["arm"] not in compared)
 
 
 def successes(metrics: dict, cfg: dict, metric: str) -> tuple:
@@ -85,19 +96,29 @@ def successes(metrics: dict, cfg: dict, metric: str) -> tuple:
 
 
 def exact_permutation_p(a: list, b: list) -> float:
-    """Two-sided p of the difference of means over every split of the runs (exact, no normality)."""
+    """Two-sided p: the share of all splits of the runs into groups of their sizes whose |difference of means|
+    is at least the observed one (exact, no normality; for unequal groups this is not twice a one-sided p)."""
     if len(a) < 1 or len(b) < 1:
         return math.nan
-    res = sps.permutation_test((np.asarray(a, float), np.asarray(b, float)), lambda x, y: np.mean(x) - np.mean(y),
-                               permutation_type="independent", n_resamples=np.inf, alternative="two-sided")
-    return float(res.pvalue)
+    res = sps.permutation_test((np.asarray(a, float), np.asarray(b, float)),
+                               lambda x, y: abs(np.mean(x) - np.mean(y)),
+                               permutation_type="independent", n_resamples=np.inf, alternative="greater")
+    return float(min(1.0, res.pvalue))
+
+
+def smallest_p(m: int, n: int) -> float:
+    """The smallest p the exact test can give with m and n runs: one split in all (the observed one) as far apart,
+    or two where the groups are the same size (a split and its mirror have the same |difference|)."""
+    return (2 if m == n else 1) / math.comb(m + n, m) if m and n else math.nan
 
 
 def holm(ps: list) -> list:
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    """Holm's step-down adjustment; a NaN p stays NaN and does not enter the steps."""
+    real = [i for i, p in enumerate(ps) if not math.isnan(p)]
+    order = sorted(real, key=lambda i: ps[i])
     out, running = [math.nan] * len(ps), 0.0
     for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        running = max(running, min(1.0, (len(real) - rank) * ps[i]))
         out[i] = running
     return out
 
@@ -119,15 +140,22 @@ def from_report(report: dict, metric: str, n: int) -> dict:
 def table(source: Path, report: dict, metric: str = "val/exact_match", n_val: int = 0) -> dict:
     level = float(report.get("level", 0.95))
     cells: dict = from_report(report, metric, n_val) if source.suffix == ".json" else {}
+    unread, failed = [], []
     for over, cfg, m in ([] if source.suffix == ".json" else runs_of(source)):
-        if m.get("status") != "finished" or metric not in m.get("val", {}):
-            continue
         arm, rung = arm_of(over, report)
-        if arm is None:
-            continue
         seed = next((int(kv.split("=", 1)[1]) for kv in over if kv.startswith("seed=")), int(cfg.get("seed", 0)))
+        if arm is None:
+            unread.append(",".join(over))
+            continue
+        if m.get("status") in ("diverged", "collapsed"):  # an outcome: it solved nothing
+            cells.setdefault((rung, arm), {})[seed] = (0, int(cfg["data"]["n_val"]))
+            failed.append(f"{arm} seed {seed} ({m['status']})")
+            continue
+        if m.get("status") != "finished" or metric not in m.get("val", {}):
+            unread.append(",".join(over))
+            continue
         cells.setdefault((rung, arm), {})[seed] = successes(m, cfg, metric)
-    base = report["arms"][0]["arm"]
+    base = baseline_of(report)
     rows = []
     for (rung, arm), by_seed in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] != base, kv[0][1])):
         ks = [by_seed[s] for s in sorted(by_seed)]
@@ -152,12 +180,19 @@ def table(source: Path, report: dict, metric: str = "val/exact_match", n_val: in
         rb = [k / n for k, n in zip(b["k"], b["n"])]
         tests.append({"rung": row["rung"], "arm": row["arm"], "diff": float(np.mean(ra) - np.mean(rb)),
                       "p": exact_permutation_p(ra, rb), "runs": (len(ra), len(rb)),
+                      "smallest_p": smallest_p(len(ra), len(rb)),
                       "fisher_pooled_p": stats.fisher(row["pooled"][1] - row["pooled"][0], row["pooled"][1],
                                                       b["pooled"][1] - b["pooled"][0], b["pooled"][1])})
     for t, p in zip(tests, holm([t["p"] for t in tests])):
         t["p_holm"] = p
-        t["verdict"] = ("higher" if t["diff"] > 0 else "lower") if p <= 1 - level else "not distinguishable"
-    return {"metric": metric, "level": level, "baseline": base, "rows": rows, "tests": tests}
+        if p <= 1 - level:
+            t["verdict"] = "higher" if t["diff"] > 0 else "lower"
+        elif t["smallest_p"] * len(tests) > 1 - level:  # no outcome of these runs could pass: it tested nothing
+            t["verdict"] = "too few runs for this test"
+        else:
+            t["verdict"] = "not distinguishable"
+    return {"metric": metric, "level": level, "baseline": base, "rows": rows, "tests": tests,
+            "failed_counted_as_0": failed, "unread": unread}
 
 
 def _p(p: float) -> str:
@@ -181,11 +216,16 @@ def markdown(t: dict) -> str:
     lines += ["", f"Against the baseline ({t['baseline']}): the exact permutation test of the mean per-run rate, "
               f"Holm-adjusted over {len(t['tests'])} comparison(s); Fisher's exact test of the pooled pairs "
               "(on these seeds only) beside it.", "",
-              "| rung | arm | Δ mean rate | runs | p exact | p Holm | reading | Fisher p (pooled pairs) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| rung | arm | Δ mean rate | runs | p exact | smallest p possible | p Holm | reading | "
+              "Fisher p (pooled pairs) |", "|---|---|---|---|---|---|---|---|---|"]
     for x in t["tests"]:
         lines.append(f"| {x['rung'] or '—'} | {x['arm']} | {x['diff']:+.4f} | {x['runs'][0]} vs {x['runs'][1]} | "
-                     f"{x['p']:.3g} | {x['p_holm']:.3g} | {x['verdict']} | {_p(x['fisher_pooled_p'])} |")
+                     f"{x['p']:.3g} | {x['smallest_p']:.3g} | {x['p_holm']:.3g} | {x['verdict']} | "
+                     f"{_p(x['fisher_pooled_p'])} |")
+    for key, words in (("failed_counted_as_0", "Diverged or collapsed runs, counted as 0 successes"),
+                       ("unread", "Comparison runs not read (no arm of the report, or not ended)")):
+        if t.get(key):
+            lines += ["", f"{words}: " + "; ".join(t[key]) + "."]
     return "\n".join(lines)
 
 

@@ -158,8 +158,9 @@ def test_rates_are_tested_over_seeds_exactly_and_a_bimodal_arm_gets_no_mean(tmp_
     assert rows[do]["bimodal"] and "mean" not in rows[do]
     assert not rows[eo]["bimodal"] and rows[eo]["mean"][0] == sum(counts[eo]) / 5 / 512
     K, N = sum(counts[eo]), 5 * 512
-    ci = sps.binomtest(K, N).proportion_ci(confidence_level=0.95, method="wilson")
-    assert rows[eo]["pooled"] == (K, N) and math.isclose(rows[eo]["pooled_wilson"][0], ci.low)
+    z, ph = sps.norm.ppf(0.975), K / N  # Wilson's score interval, by its formula
+    low = (ph + z * z / (2 * N) - z * math.sqrt(ph * (1 - ph) / N + z * z / (4 * N * N))) / (1 + z * z / N)
+    assert rows[eo]["pooled"] == (K, N) and math.isclose(rows[eo]["pooled_wilson"][0], low, rel_tol=1e-9)
 
     def by_enumeration(a, b):
         x = [k / 512 for k in a + b]
@@ -179,6 +180,31 @@ def test_rates_are_tested_over_seeds_exactly_and_a_bimodal_arm_gets_no_mean(tmp_
     st.save(tmp_path / "s", tmp_path / "state.tar.xz")
     assert rt.table(tmp_path / "state.tar.xz", report) == t
     assert "| — | model=decoder_only,task=seq2seq_lm | 0/512, 512/512, 510/512, 3/512, 511/512 |" in rt.markdown(t)
+    # unequal groups: the p is the share of splits at least as far apart, not twice a one-sided p
+    for a, b in (([500, 505, 498], [480, 470, 490, 485, 477, 499]), ([0, 512, 3], [500, 505, 498, 502, 499])):
+        assert math.isclose(rt.exact_permutation_p([k / 512 for k in a], [k / 512 for k in b]), by_enumeration(a, b),
+                            rel_tol=1e-9)
+    assert rt.smallest_p(3, 6) == 1 / 84 and rt.smallest_p(5, 5) == 2 / 252
+
+
+def test_rates_count_a_failed_run_as_nothing_solved_and_say_when_too_few_runs_could_decide(tmp_path):
+    """A diverged run counts as 0 of its pairs (dropping it would flatter an unstable arm); a comparison whose
+    runs could not reach the family's level whatever they showed reads "too few runs", not "not distinguishable";
+    a run matching two arms' overrides belongs to the arm that names more of them."""
+    import json
+
+    rt = _script("rates")
+    ed, do = "model=encoder_decoder", "model=encoder_decoder,model.n_layers=4"
+    runs = {(ed, 1000): 500, (ed, 1001): 505, (do, 1000): 100, (do, 1001): 90}
+    report = _fake_study(tmp_path / "s", runs)
+    report["verdicts"] = [{"arm": do}]
+    bad = next(p for p in (tmp_path / "s").rglob("metrics.json") if "n_layers=4-1001" in str(p.parent))
+    bad.write_text(json.dumps({"status": "diverged", "val": {}}))
+    t = rt.table(tmp_path / "s", report)
+    rows = {r["arm"]: r for r in t["rows"]}
+    assert rows[ed]["k"] == [500, 505] and rows[do]["k"] == [100, 0]
+    assert t["failed_counted_as_0"] == [f"{do} seed 1001 (diverged)"]
+    assert t["tests"][0]["verdict"] == "too few runs for this test" and t["tests"][0]["smallest_p"] == 2 / 6
 
 
 def test_the_ladder_refit_gives_a_committed_ladder_its_own_fit_again():

@@ -397,6 +397,9 @@ def test_what_the_review_found_stays_fixed(tmp_path):
                                   "c": {"r": {2: 3.0}, "q": {1: 2.0}}})
     assert shared == {"a": {"r": {2: 2.0}, "q": {1: 1.0}}, "b": {"r": {}, "q": {1: 5.0}},
                       "c": {"r": {2: 3.0}, "q": {1: 2.0}}}
+    # ... but one whose runs there all failed still empties it
+    shared = ladder.shared_seeds({"a": {"r": {1: 1.0}}, "b": {"r": {1: float("nan")}}})
+    assert shared == {"a": {"r": {}}, "b": {"r": {}}}
 
 
 def test_rungs_are_declared_smallest_first_and_a_probe_without_a_measure_is_refused():

@@ -6,7 +6,7 @@ top rung's, and the changes of ranking between rungs.
 * **The gap** at the largest rung is that rung's comparison (its verdict); at a declared ``target_flops`` it is
   the joint fit's, with its interval, said to be an extrapolation past the largest rung, and *inconclusive at
   target* where the interval holds 0.
-* **Ranking**: the arms ordered by their mean at each rung over the seeds every arm finished there; a rung's
+* **Ranking**: the arms ordered by their mean at each rung over the seeds every arm run there finished; a rung's
   agreement with the top rung is the share of arm pairs ordered alike (the question DataDecide asks of
   small-scale experiments), *stable from* the lowest rung from which every rung orders them as the top does;
   every pair whose order differs between two rungs is a change of ranking, marked *decided* when the verdicts against the
@@ -22,12 +22,13 @@ from modforge.studies import scaling
 def shared_seeds(values: dict) -> dict:
     """{arm: {rung: {seed: value}}} restricted, at each rung, to the seeds every arm finished there: the ladder's
     means, fits and gaps are then paired, as the comparisons are (arms decided early have fewer seeds). An arm
-    that finished no run at a rung (its comparison never ran there: an unbracketed rate) is left out of that
-    rung, not allowed to empty it for the others."""
+    with no run at a rung (its comparison never ran there: an unbracketed rate) is left out of that rung, not
+    allowed to empty it for the others; an arm whose runs there all failed still empties it (a failure is an
+    outcome, not an absence)."""
     rungs = {r for by_rung in values.values() for r in by_rung}
-    done = {r: [{s for s, v in by_rung.get(r, {}).items() if math.isfinite(v)} for by_rung in values.values()]
-            for r in rungs}
-    common = {r: set.intersection(*[seeds for seeds in done[r] if seeds] or [set()]) for r in rungs}
+    done = {r: [{s for s, v in by_rung[r].items() if math.isfinite(v)} for by_rung in values.values()
+                if by_rung.get(r)] for r in rungs}
+    common = {r: set.intersection(*done[r]) if done[r] else set() for r in rungs}
     return {arm: {r: {s: v for s, v in by_seed.items() if s in common[r]} for r, by_seed in by_rung.items()}
             for arm, by_rung in values.items()}
 
@@ -127,7 +128,7 @@ def section(d, rec: dict, plots: list) -> list:
     lines = ["", "## Ladder", ""]
     if f is None:
         return lines + [f"No joint fit: {lad['fit_note']}."]
-    lines += [f"Joint fit of the rung means (over the seeds every arm finished at the rung), weighted by each mean's seeds over the pooled "
+    lines += [f"Joint fit of the rung means (over the seeds every arm run at the rung finished there), weighted by each mean's seeds over the pooled "
               f"residual variance: L(C) = E + A_arm·(C / C₀)^(−α) with E = {f['E']:.4f} and α = {f['alpha']:.3f} "
               f"shared, C₀ = {f['c_ref']:.3g} FLOPs" + (" (at a bound of its search: read with care)" if f["at_edge"]
                                                        else "")

@@ -17,7 +17,7 @@ shared model passes through the rung means within their noise.
 **The fit.** Weighted least squares on the rung means, each weighted by n / s^2: its seeds over the residual
 variance of the block model of each rung's runs (:func:`modforge.results.blocks.block_fit`), pooled over the
 rungs (one rung's variance from 3-6 seeds is too noisy to weigh by: its inverse is biased up by df / (df - 2)).
-The means are over the seeds every arm finished at that rung (the caller's choice, :mod:`modforge.studies.
+The means are over the seeds every arm run at that rung finished there (the caller's choice, :mod:`modforge.studies.
 ladder`), so a rung's seed effects are shared by its arms' means, as the bootstrap draws them. For a fixed
 alpha the model is linear in E and the A's, so they are solved in closed form (E kept in [0, min of the means])
 and only alpha is searched: a grid on log alpha refined by a parabola (variable projection; Golub and Pereyra
