@@ -15,6 +15,7 @@ generative two also predict <eos>), ``val/target_loss`` (the cross-entropy per t
 ``val/exact_match`` (the fraction of pairs whose whole target is right), so the architectures can be compared
 on one task.
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -85,19 +86,20 @@ class PairsTask(Task):
         n = int(real.sum())
         self.log_mean("val/loss", loss, n, prog_bar=True)  # means over target tokens ...
         self.log_mean("val/token_acc", acc, n, prog_bar=True)
-        content = real & (targets != self.tokenizer.eos_id)
-        if content.any():
-            self.log_mean("val/target_loss", self.target_loss(logits, targets), int(content.sum()))
+        target_loss, k = self.target_loss(logits, targets)
+        if k:
+            self.log_mean("val/target_loss", target_loss, k)
         if self.cfg.decode_in_val:  # ... and over pairs
             self.log_mean("val/exact_match", self.exact_match(b), b["src"].shape[0], prog_bar=True)
         return loss
 
-    def target_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the target's own tokens: not :data:`IGNORE` and not <eos>, which only the
-        generative tasks predict (an encoder-only model's target has none), so every task scores the same
-        tokens of a pair."""
+    def target_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple:
+        """(mean cross-entropy, tokens) over the target's own tokens: not :data:`IGNORE` and not <eos>, which only
+        the generative tasks predict (an encoder-only model's target has none), so every task scores the same
+        tokens of a pair. The mean is NaN where there are none."""
         content = (targets != IGNORE) & (targets != self.tokenizer.eos_id)
-        return F.cross_entropy(logits[content].float(), targets[content])
+        k = int(content.sum())
+        return (F.cross_entropy(logits[content].float(), targets[content]) if k else logits.new_tensor(math.nan)), k
 
     def exact_match(self, b, **kw) -> torch.Tensor:
         """Fraction of rows whose predicted target equals the wanted one (through <eos> where there is one)."""
