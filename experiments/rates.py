@@ -12,10 +12,12 @@ mean worth a t interval. This script reads the comparison runs of a study (its d
   mean with its t interval is given only where they are not;
 * against the baseline: an **exact permutation test** of the difference of the mean per-run rates, over every
   split of the runs (p: the share of splits whose |difference| is at least the observed one), with the smallest
-  p that its numbers of runs allow (a comparison that could not reach the family's level reads "too few runs
-  for this test", not "not distinguishable") (the seed is the unit that repeats: a test that counted the pairs as independent trials
-  would take one lucky seed's 512 successes as 512 pieces of evidence), Holm-adjusted over the comparisons;
-  and Fisher's exact test of the pooled counts, which answers the narrower question "on these seeds", shown
+  p that its numbers of runs allow (the seed is the unit that repeats: a test that counted the pairs as
+  independent trials would take one lucky seed's 512 successes as 512 pieces of evidence), Holm-adjusted over
+  the comparisons, read in the project's words: **better** (a higher rate) or **worse** where it rejects, else
+  **inconclusive** with its minimum detectable effect (the two-sample t's, on the per-run rates at the family's
+  first Holm level: an approximation, said so) or, where no outcome of so few runs could pass, with "too few
+  runs for this test" (no margin is declared for rates, so never *equivalent*); and Fisher's exact test of the pooled counts, which answers the narrower question "on these seeds", shown
   beside it, not used for a verdict.
 
     python experiments/rates.py experiments/results/architectures_long/state.tar.xz \
@@ -86,12 +88,11 @@ def baseline_of(report: dict) -> str:
     return next(a["arm"] for a in report["arms"] if a["arm"] not in compared)
 
 
-def successes(metrics: dict, cfg: dict, metric: str) -> tuple:
-    n = int(cfg["data"]["n_val"])
-    rate = float(metrics["val"][metric])
+def count(rate: float, n: int, metric: str) -> tuple:
+    """(k, n) for a rate that is k of n, or one line saying it is not."""
     k = round(rate * n)
     if abs(k - rate * n) > 1e-6 * n:
-        raise SystemExit(f"{metric}={rate} is not a count out of data.n_val={n}")
+        raise SystemExit(f"{metric}={rate} is not a count out of {n} validation pairs")
     return k, n
 
 
@@ -112,6 +113,17 @@ def smallest_p(m: int, n: int) -> float:
     return (2 if m == n else 1) / math.comb(m + n, m) if m and n else math.nan
 
 
+def mde(a: list, b: list, alpha: float) -> float:
+    """The difference of mean rates a two-sample t test at ``alpha`` would find with 80% power at these runs'
+    spread (``stats.minimum_detectable``): an approximation for the exact test, which has no closed form."""
+    if len(a) + len(b) < 3:
+        return math.nan
+    pooled = ((len(a) - 1) * (np.var(a, ddof=1) if len(a) > 1 else 0.0)
+              + (len(b) - 1) * (np.var(b, ddof=1) if len(b) > 1 else 0.0)) / (len(a) + len(b) - 2)
+    se = math.sqrt(pooled * (1 / len(a) + 1 / len(b)))
+    return stats.minimum_detectable(se, len(a) + len(b) - 2, alpha) if se > 0 else math.nan
+
+
 def holm(ps: list) -> list:
     """Holm's step-down adjustment; a NaN p stays NaN and does not enter the steps."""
     real = [i for i, p in enumerate(ps) if not math.isnan(p)]
@@ -130,10 +142,7 @@ def from_report(report: dict, metric: str, n: int) -> dict:
     cells = {}
     for a in report["arms"]:
         for seed, rate in a["values"].items():
-            k = round(rate * n)
-            if abs(k - rate * n) > 1e-6 * n:
-                raise SystemExit(f"{metric}={rate} is not a count out of {n}")
-            cells.setdefault((a["rung"], a["arm"]), {})[int(seed)] = (k, n)
+            cells.setdefault((a["rung"], a["arm"]), {})[int(seed)] = count(rate, n, metric)
     return cells
 
 
@@ -154,7 +163,7 @@ def table(source: Path, report: dict, metric: str = "val/exact_match", n_val: in
         if m.get("status") != "finished" or metric not in m.get("val", {}):
             unread.append(",".join(over))
             continue
-        cells.setdefault((rung, arm), {})[seed] = successes(m, cfg, metric)
+        cells.setdefault((rung, arm), {})[seed] = count(float(m["val"][metric]), int(cfg["data"]["n_val"]), metric)
     base = baseline_of(report)
     rows = []
     for (rung, arm), by_seed in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] != base, kv[0][1])):
@@ -181,18 +190,24 @@ def table(source: Path, report: dict, metric: str = "val/exact_match", n_val: in
         tests.append({"rung": row["rung"], "arm": row["arm"], "diff": float(np.mean(ra) - np.mean(rb)),
                       "p": exact_permutation_p(ra, rb), "runs": (len(ra), len(rb)),
                       "smallest_p": smallest_p(len(ra), len(rb)),
+                      "_rates": (ra, rb),
                       "fisher_pooled_p": stats.fisher(row["pooled"][1] - row["pooled"][0], row["pooled"][1],
                                                       b["pooled"][1] - b["pooled"][0], b["pooled"][1])})
     for t, p in zip(tests, holm([t["p"] for t in tests])):
         t["p_holm"] = p
-        if p <= 1 - level:
-            t["verdict"] = "higher" if t["diff"] > 0 else "lower"
-        elif t["smallest_p"] * len(tests) > 1 - level:  # no outcome of these runs could pass: it tested nothing
-            t["verdict"] = "too few runs for this test"
-        else:
-            t["verdict"] = "not distinguishable"
+        t["verdict"] = ("better" if t["diff"] > 0 else "worse") if p <= 1 - level else "inconclusive"
+        t["why"] = ("too few runs for this test" if t["verdict"] == "inconclusive"
+                    and t["smallest_p"] * len(tests) > 1 - level else "")  # no outcome of these runs could pass
+        ra, rb = t.pop("_rates")
+        t["mde"] = mde(ra, rb, (1 - level) / len(tests)) if t["verdict"] == "inconclusive" else None
     return {"metric": metric, "level": level, "baseline": base, "rows": rows, "tests": tests,
             "failed_counted_as_0": failed, "unread": unread}
+
+
+def reading(x: dict) -> str:
+    if x["verdict"] != "inconclusive":
+        return x["verdict"]
+    return f"inconclusive ({x['why'] or 'MDE ' + format(x['mde'], '.3g') + ', t approximation'})"
 
 
 def _p(p: float) -> str:
@@ -220,7 +235,7 @@ def markdown(t: dict) -> str:
               "Fisher p (pooled pairs) |", "|---|---|---|---|---|---|---|---|---|"]
     for x in t["tests"]:
         lines.append(f"| {x['rung'] or '—'} | {x['arm']} | {x['diff']:+.4f} | {x['runs'][0]} vs {x['runs'][1]} | "
-                     f"{x['p']:.3g} | {x['smallest_p']:.3g} | {x['p_holm']:.3g} | {x['verdict']} | "
+                     f"{x['p']:.3g} | {x['smallest_p']:.3g} | {x['p_holm']:.3g} | {reading(x)} | "
                      f"{_p(x['fisher_pooled_p'])} |")
     for key, words in (("failed_counted_as_0", "Diverged or collapsed runs, counted as 0 successes"),
                        ("unread", "Comparison runs not read (no arm of the report, or not ended)")):

@@ -175,7 +175,7 @@ def test_rates_are_tested_over_seeds_exactly_and_a_bimodal_arm_gets_no_mean(tmp_
         assert math.isclose(tests[arm]["p"], by_enumeration(counts[arm], counts[ed]), rel_tol=1e-9)
     p = sorted([tests[do]["p"], tests[eo]["p"]])
     assert sorted(x["p_holm"] for x in t["tests"]) == [min(1, 2 * p[0]), max(min(1, 2 * p[0]), p[1])]
-    assert tests[eo]["verdict"] == "lower" and tests[do]["verdict"] == "not distinguishable"
+    assert tests[eo]["verdict"] == "worse" and tests[do]["verdict"] == "inconclusive" and tests[do]["mde"] > 0
     assert tests[eo]["p"] == 2 / 252  # 5 runs against 5 all apart: the most an exact test can say
     st.save(tmp_path / "s", tmp_path / "state.tar.xz")
     assert rt.table(tmp_path / "state.tar.xz", report) == t
@@ -189,7 +189,7 @@ def test_rates_are_tested_over_seeds_exactly_and_a_bimodal_arm_gets_no_mean(tmp_
 
 def test_rates_count_a_failed_run_as_nothing_solved_and_say_when_too_few_runs_could_decide(tmp_path):
     """A diverged run counts as 0 of its pairs (dropping it would flatter an unstable arm); a comparison whose
-    runs could not reach the family's level whatever they showed reads "too few runs", not "not distinguishable";
+    runs could not reach the family's level whatever they showed is inconclusive with "too few runs", no MDE;
     a run matching two arms' overrides belongs to the arm that names more of them."""
     import json
 
@@ -204,7 +204,8 @@ def test_rates_count_a_failed_run_as_nothing_solved_and_say_when_too_few_runs_co
     rows = {r["arm"]: r for r in t["rows"]}
     assert rows[ed]["k"] == [500, 505] and rows[do]["k"] == [100, 0]
     assert t["failed_counted_as_0"] == [f"{do} seed 1001 (diverged)"]
-    assert t["tests"][0]["verdict"] == "too few runs for this test" and t["tests"][0]["smallest_p"] == 2 / 6
+    assert (t["tests"][0]["verdict"], t["tests"][0]["why"]) == ("inconclusive", "too few runs for this test")
+    assert t["tests"][0]["smallest_p"] == 2 / 6
 
 
 def test_the_ladder_refit_gives_a_committed_ladder_its_own_fit_again():
