@@ -218,3 +218,31 @@ def test_the_ladder_refit_gives_a_committed_ladder_its_own_fit_again():
     again = json.loads(json.dumps(lf._plain(lf.refit(rep))))
     for key in ("multipliers", "alternative", "lack_of_fit", "held_out", "fit", "ranking", "agreement", "flips"):
         assert again[key] == rep["ladder"][key], key
+
+
+def test_the_interaction_is_paired_by_seed_over_the_seeds_all_four_arms_finished():
+    """experiments/interaction.py (positions_2x2's third family): (a1 - a0) - (b1 - b0) per seed, a t interval by
+    hand, a seed one arm lacks left out, and the reading's sign."""
+    import math
+
+    from scipy import stats as sps
+
+    ix = _script("interaction")
+    base = {"1000": 2.0, "1001": 2.1, "1002": 1.9, "1003": 2.05}
+    arms = {"a1": {s: v - 0.10 + 0.01 * i for i, (s, v) in enumerate(base.items())},
+            "a0": dict(base), "b1": {s: v - 0.02 for s, v in base.items()}, "b0": dict(base)}
+    arms["a0"]["1004"] = 2.0  # a seed the other arms lack
+    arms["b1"]["1001"] = float("nan")  # a run that failed: its seed is left out too
+    report = {"metric": "val/loss", "arms": [{"arm": k, "values": v} for k, v in arms.items()]}
+    x = ix.interaction(report, "a1", "a0", "b1", "b0")
+    assert x["seeds"] == ["1000", "1002", "1003"]
+    d = [(-0.10 + 0.01 * i) - (-0.02) for i in (0, 2, 3)]
+    assert x["differences"] == pytest.approx(d)
+    m, sd = sum(d) / 3, math.sqrt(sum((v - sum(d) / 3) ** 2 for v in d) / 2)
+    half = sps.t.ppf(0.975, 2) * sd / math.sqrt(3)
+    assert (x["low"], x["high"]) == pytest.approx((m - half, m + half))
+    assert x["reading"] == "a1 - a0 is smaller"  # the a-factor lowers the loss more under a than under b
+    flat = ix.interaction(report, "b1", "b0", "b1", "b0")
+    assert flat["mean"] == 0 and flat["reading"].startswith("inconclusive")
+    with pytest.raises(SystemExit, match="arm='c': not in the report"):
+        ix.interaction(report, "c", "a0", "b1", "b0")
