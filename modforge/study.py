@@ -13,6 +13,7 @@ Examples:
   python -m modforge.study experiment=norm_quick
   python -m modforge.study experiment=norm_quick dry_run=true
   modforge study experiment=ffn_ladder dir=studies/ffn_ladder_v2
+  python -m modforge.study experiment=ladder_norms_bracket reuse=/tmp/ladder_norms   # keep the first design's runs
 """
 import json
 from pathlib import Path
@@ -31,6 +32,9 @@ OPTIONS = Options("python -m modforge.study", (
     Option("dry_run", "measure and print the plan, run nothing else", False, "bool"),
     Option("force", "start even when the plan could exceed study.budget", False, "bool"),
     Option("draws", "bootstrap draws for the ladder's fits", 1000, "int", low=0, high=MAX_DRAWS),
+    Option("reuse", "a directory of ended runs (another study's, e.g. restored by experiments/study_state.py): a job "
+           "whose config one of them recorded is copied from it instead of trained, and the report counts and names "
+           "the copies (a study amended after its results keeps the first design's runs)", metavar="path"),
 ), rest="an override of the config, applied to every job")
 
 
@@ -41,6 +45,10 @@ def parse(argv: list) -> tuple[dict, list]:
         from modforge.studies.design import check_jobs
 
         check_jobs("jobs", opts["jobs"], shown=opts.given["jobs"][:40])
+    if opts["reuse"] is not None and not Path(opts["reuse"]).is_dir():
+        raise ConfigError(f"reuse={opts.given['reuse'][:200]}: no such directory "
+                          "(give a directory holding ended runs, e.g. a study's restored by "
+                          "experiments/study_state.py restore)")
     return opts, overrides
 
 
@@ -78,7 +86,14 @@ def study_command(argv: list) -> None:
         halving.check(d, *runner.config_steps(d))
     state.update(experiment=d.experiment, overrides=d.overrides, study=json.loads(json.dumps(d.study)),
                  config=config)
-    clock = StageClock(study_dir, state)
+    adopter = None
+    if opts["reuse"] is not None:
+        from modforge.sweeps.adopt import Adopter
+
+        if Path(opts["reuse"]).resolve() == study_dir.resolve():
+            raise ConfigError(f"reuse={opts['reuse']}: that is this study's own directory; give another study's")
+        adopter = Adopter(Path(opts["reuse"]))
+    clock = StageClock(study_dir, state, adopter=adopter)
     write_log(study_dir, state)
     try:
         p = probe(d, study_dir, clock)

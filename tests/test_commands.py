@@ -215,3 +215,44 @@ def test_two_of_hydras_modes_at_once_is_one_line_not_hydras_traceback():
     assert p.stderr.strip().splitlines() == ["error: --multirun and --cfg: one of --run, --multirun, --cfg, --info, "
                                              "--shell-completion at a time (to see a sweep's jobs without running "
                                              "them: -m ... dry_run=true; one job's config: --cfg job without -m)"]
+
+
+def test_a_sweep_adopts_an_ended_run_whose_config_is_its_job_s_and_trains_the_rest(tmp_path, monkeypatch):
+    """``sweep(..., adopter)`` (a study's ``reuse=``): a new job whose config an ended run under the source
+    recorded takes a copy of it (its records unchanged, no checkpoint, ``adopted.json`` naming the run), planned
+    as a skip; a job no run matches trains; a study block or a progress bar is no difference, a seed is."""
+    from modforge.sweeps.adopt import Adopter
+    from modforge.sweeps.launch import sweep
+    from modforge.utils.files import read_json
+
+    monkeypatch.chdir(tmp_path)
+    base = [*TINY, "trainer.max_steps=2"]
+    first = sweep([*base, "seed=1,2", f"hydra.sweep.dir={tmp_path / 'a'}"])
+    assert first["counts"]["finished"] == 2
+    (ran1,) = [p.parent for p in (tmp_path / "a").glob("0_*/metrics.json")]  # job 0: seed 1
+    a = Adopter(tmp_path / "a")
+    out = sweep([*base, "seed=1,3", "trainer.enable_progress_bar=false", "+study.question=another",
+                 f"hydra.sweep.dir={tmp_path / 'b'}"], a)
+    assert out["counts"]["finished"] == 2
+    (got1,) = [p.parent for p in (tmp_path / "b").glob("0_*/metrics.json")]  # seed 1: the same config
+    (got3,) = [p.parent for p in (tmp_path / "b").glob("1_*/metrics.json")]  # seed 3: none ran
+    assert (got1 / "metrics.json").read_bytes() == (ran1 / "metrics.json").read_bytes()  # copied, not trained
+    assert read_json(got1 / "adopted.json")["from"] == str(ran1.resolve())
+    assert not (got1 / "checkpoints").exists() and (got3 / "checkpoints").is_dir() and not (got3 / "adopted.json").exists()
+    assert a.adopted == {str(got1): str(ran1)}
+    plan = {j["num"]: j for j in read_json(tmp_path / "b" / "plan.json")["jobs"]}
+    assert plan[0]["action"] == "skip" and plan[0]["why"].startswith("adopted from ") and plan[1]["action"] == "run"
+    # the copy is a run of this sweep: run again, nothing trains and nothing is copied twice
+    again = Adopter(tmp_path / "a")
+    sweep([*base, "seed=1,3", "trainer.enable_progress_bar=false", "+study.question=another",
+           f"hydra.sweep.dir={tmp_path / 'b'}"], again)
+    assert again.adopted == {} and (got1 / "metrics.json").read_bytes() == (ran1 / "metrics.json").read_bytes()
+
+
+def test_a_study_report_counts_and_names_what_it_adopted():
+    from modforge.studies.writeup import adopted_record
+
+    assert adopted_record({}) == {}
+    rec = adopted_record({"s/tune/round-0/0_x": "/old/ln/tune/round-0/0_x", "s/tune/round-0/1_y": "/old/ln/tune/round-0/1_y",
+                          "s/probe/3_z": "/old/ln/probe/3_z"})
+    assert rec == {"runs": 3, "stages": {"probe": 1, "tune/round-0": 2}, "sources": ["/old/ln"]}

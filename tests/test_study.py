@@ -318,6 +318,7 @@ def test_the_report_says_what_the_runs_ran_on_and_what_their_records_leave_out()
     (["experiment=norm_quick", "jobs=0"], "jobs=0: a whole number >= 1"),
     (["experiment=norm_quick", "seed=5"], "seed=5: the study sets seed in every job"),
     (["experiment=norm_quick", "study.seeds.min=1"], "study.seeds={'min': 1, 'max': 12"),
+    (["experiment=norm_quick", "reuse=no/such/dir"], "reuse=no/such/dir: no such directory (give a directory holding"),
 ])
 def test_a_study_command_with_a_mistake_is_one_line_before_any_run(argv, says, capsys, tmp_path, monkeypatch):
     from modforge import study
@@ -495,17 +496,17 @@ class SIGTERMException(SystemExit):  # Lightning's, by name: a SIGTERM while a j
     pass
 
 
-def _refused(overrides):
+def _refused(overrides, adopter=None):
     from modforge.errors import ConfigError
 
     raise ConfigError("norm=rmss: Unknown norm")
 
 
-def _sigterm(overrides):
+def _sigterm(overrides, adopter=None):
     raise SIGTERMException(1)
 
 
-def _ended_without_result(overrides):
+def _ended_without_result(overrides, adopter=None):
     return {"exit": 1, "summary": "[modforge] sweep: 1 jobs: 0 finished, 0 failed, 0 diverged, 1 interrupted"}
 
 

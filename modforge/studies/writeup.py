@@ -78,7 +78,7 @@ def gather(d: Design, p: dict, plan, tuned: dict, compared: dict, state: dict, d
                                                                    for rnd in compared["rounds"]]},
            "plan": {"runs": plan.runs, "hours": plan.hours, "flops": plan.total_flops},
            "wall_hours": sum(state.get("stage_seconds", {}).values()) / 3600, "jobs": d.jobs,
-           "forced": state.get("forced"),
+           "forced": state.get("forced"), "adopted": adopted_record(state.get("adopted") or {}),
            "machines": machines_of([*tuned.get("devices", []), *(res["metrics"].get("devices")
                                                                   for res in compared["results"])])}
     out["halving"] = tuned.get("halving")
@@ -119,6 +119,24 @@ def machines_of(devices: list) -> list:
             rows.append(row := {"machine": key, "runs": 0})
         row["runs"] += 1
     return rows
+
+
+def adopted_record(adopted: dict) -> dict:
+    """The log's {job directory: the run it copies} in a report's terms: how many, per stage, and the source
+    directories (each source run's study directory: the parent of its stage); {} when nothing was adopted."""
+    if not adopted:
+        return {}
+    stages: dict = {}
+    for job in adopted:
+        p = Path(job).parent
+        stage = p.name if p.name == "probe" else f"{p.parent.name}/{p.name}"
+        stages[stage] = stages.get(stage, 0) + 1
+    def study_of(run: str) -> str:  # <study>/probe/<job>, <study>/<stage>/round-<n>/<job>
+        p = Path(run)
+        return str(p.parents[2] if p.parent.name.startswith("round-") else p.parents[1])
+
+    sources = sorted({study_of(src) for src in adopted.values()})
+    return {"runs": len(adopted), "stages": dict(sorted(stages.items())), "sources": sources}
 
 
 def machine_text(m: dict) -> str:
@@ -300,6 +318,11 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
                  + f"); {rec['wall_hours'] * 60:.1f} min of wall time, {rec['jobs']} job(s) side by side.")
     if rec.get("forced"):
         lines += ["", f"Started past its declared budget with force=true: {rec['forced']}."]
+    if rec.get("adopted"):
+        a = rec["adopted"]
+        lines += ["", f"Adopted, not trained here: {a['runs']} runs ({', '.join(f'{k} {v}' for k, v in a['stages'].items())})"
+                  f" are copies of ended runs under {', '.join(a['sources'])} whose recorded configs are their jobs' "
+                  "(`reuse=`; each copy's adopted.json names its run): that study trained them."]
     if rec.get("machines"):
         lines += ["", "Ran on (tuning and comparison runs, as each run's metrics.json recorded): "
                   + "; ".join(f"{m['runs']} on {machine_text(m['machine'])}" for m in rec["machines"]) + "."]

@@ -35,13 +35,18 @@ RECORD = "sweep.json"  # the outcome of the sweep's last invocation
 log = logging.getLogger("hydra.launcher")
 
 
-def sweep(overrides: list) -> dict:
+def sweep(overrides: list, adopter: Optional[Any] = None) -> dict:
     """A sweep run in this process, as ``python -m modforge.train -m <overrides>`` runs it (planned, every job
     checked, finished jobs skipped, interrupted ones resumed), for code that drives sweeps (the study runner).
-    -> its outcome ({exit, summary, counts, jobs}); a mistake in the command is one ConfigError, before any job."""
+    ``adopter`` (:class:`modforge.sweeps.adopt.Adopter`): a new job whose config an ended run under its source
+    has is copied from it, not trained. -> its outcome ({exit, summary, counts, jobs}); a mistake in the command
+    is one ConfigError, before any job."""
     resolvers.forget_claimed()  # this sweep claims its own new directory
     with hydra_loader() as loader:
         plan = build(overrides, True, loader, here=not runs_elsewhere(overrides))
+    if adopter is not None and not plan.dry_run:
+        for job in plan.jobs:
+            adopter.adopt(job)
     ddp = [j for j in plan.jobs if j.runs and _device_count(j.devices) > 1]
     if ddp and str(plan.cfg.hydra.launcher.get("_target_", "")).endswith("BasicLauncher"):
         raise ConfigError(f"trainer.devices={ddp[0].devices}: this sweep runs its jobs in this process, where "
