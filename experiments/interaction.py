@@ -13,9 +13,10 @@ seed) and gives, paired by seed over the seeds all four arms finished,
 its mean with a Student t interval (``--level``, 0.95 by default; one interval, its own family) and the paired t
 test's p. The seed is the unit: the four runs of one seed share their data order and initial draws, so the
 per-seed contrast removes what they share. Read in the project's words, with no margin (none is declared for an
-interaction): the interval above 0 "a1 - a0 is larger", below 0 "smaller", else **inconclusive** with its minimum
-detectable effect (the half-width the t test would need at 80% power: (t_{1-alpha/2} + t_{0.8}) * sd / sqrt(n)).
-It prints a Markdown table and writes nothing.
+interaction): the interval above 0 "a1 - a0 is larger than b1 - b0", below 0 "smaller", else **inconclusive** with
+its minimum detectable effect (the true interaction this t test detects with 80% power, from the noncentral t:
+:func:`modforge.results.stats.minimum_detectable`, as the study runner's MDEs). Seeds whose contrasts do not vary
+at all give no interval: that is refused in one line. It prints a Markdown table and writes nothing.
 """
 import argparse
 import json
@@ -24,6 +25,9 @@ import sys
 from pathlib import Path
 
 from scipy import stats as sps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere in the repo
+from modforge.results.stats import minimum_detectable  # noqa: E402
 
 
 def arm_values(report: dict, arm: str) -> dict:
@@ -45,14 +49,16 @@ def interaction(report: dict, a1: str, a0: str, b1: str, b0: str, level: float =
     n = len(d)
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    if not sd > 0:
+        raise SystemExit(f"the interaction is {mean:+.6g} at every one of {n} seeds: no spread, so no interval "
+                         "(were the four arms given as two pairs of the same runs?)")
     t = sps.ttest_1samp(d, 0.0)
     ci = t.confidence_interval(level)
-    alpha = 1 - level
-    mde = (sps.t.ppf(1 - alpha / 2, n - 1) + sps.t.ppf(0.8, n - 1)) * sd / math.sqrt(n)
+    mde = minimum_detectable(sd / math.sqrt(n), n - 1, 1 - level)
     if ci.low > 0:
-        reading = "a1 - a0 is larger"
+        reading = "a1 - a0 is larger than b1 - b0"
     elif ci.high < 0:
-        reading = "a1 - a0 is smaller"
+        reading = "a1 - a0 is smaller than b1 - b0"
     else:
         reading = f"inconclusive (MDE {mde:.4f})"
     return {"arms": {"a1": a1, "a0": a0, "b1": b1, "b0": b0}, "seeds": seeds, "differences": d, "mean": mean,

@@ -112,6 +112,9 @@ def study_command(argv: list) -> None:
         compared = rounds.compare(d, study_dir, plan, tuned["chosen"], clock, tuned["fits"])
     finally:
         write_log(study_dir, state)
+    from modforge.sweeps.adopt import adopted_in
+
+    state["adopted"] = {k: v["from"] for k, v in adopted_in(study_dir).items() if isinstance(v.get("from"), str)}
     rec = writeup.gather(d, p, plan, tuned, compared, state, opts["draws"])
     written = writeup.write_report(d, study_dir, rec, plan_text)
     print(f"\n[study] wrote {', '.join(written)} to {study_dir}")

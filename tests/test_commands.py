@@ -237,7 +237,12 @@ def test_a_sweep_adopts_an_ended_run_whose_config_is_its_job_s_and_trains_the_re
     (got1,) = [p.parent for p in (tmp_path / "b").glob("0_*/metrics.json")]  # seed 1: the same config
     (got3,) = [p.parent for p in (tmp_path / "b").glob("1_*/metrics.json")]  # seed 3: none ran
     assert (got1 / "metrics.json").read_bytes() == (ran1 / "metrics.json").read_bytes()  # copied, not trained
-    assert read_json(got1 / "adopted.json")["from"] == str(ran1.resolve())
+    rec = read_json(got1 / "adopted.json")
+    assert rec["from"] == str(ran1.resolve()) and rec["source"] == str((tmp_path / "a").resolve())
+    assert "seed=1" in rec["overrides_it_ran_with"] and "+study.question=another" not in rec["overrides_it_ran_with"]
+    import yaml
+    assert "+study.question=another" in yaml.safe_load((got1 / ".hydra" / "overrides.yaml").read_text())  # the job's
+    assert yaml.safe_load((got1 / ".hydra" / "config.yaml").read_text())["study"] == {"question": "another"}
     assert not (got1 / "checkpoints").exists() and (got3 / "checkpoints").is_dir() and not (got3 / "adopted.json").exists()
     assert a.adopted == {str(got1): str(ran1)}
     plan = {j["num"]: j for j in read_json(tmp_path / "b" / "plan.json")["jobs"]}
@@ -249,10 +254,56 @@ def test_a_sweep_adopts_an_ended_run_whose_config_is_its_job_s_and_trains_the_re
     assert again.adopted == {} and (got1 / "metrics.json").read_bytes() == (ran1 / "metrics.json").read_bytes()
 
 
-def test_a_study_report_counts_and_names_what_it_adopted():
+def test_a_run_that_predates_a_key_is_adopted_only_where_the_job_leaves_it_at_its_default(tmp_path, monkeypatch):
+    """Compared both ways: a key the ended run never recorded (added to modforge after it ran) stands for today's
+    default, and only that; a job that is to pause (pause_at) adopts nothing."""
+    import shutil
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from modforge.sweeps.adopt import Adopter, unrecorded
+    from modforge.sweeps.launch import sweep
+    from modforge.sweeps.plan import Job
+
+    monkeypatch.chdir(tmp_path)
+    sweep([*TINY, "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path / 'a'}"])
+    (run,) = [p.parent for p in (tmp_path / "a").glob("0_*/metrics.json")]
+    job_config = yaml.safe_load((run / "config.yaml").read_text())
+    old = tmp_path / "old" / "0_x"
+    shutil.copytree(run, old)
+    recorded = yaml.safe_load((old / "config.yaml").read_text())
+    del recorded["task"]["z_loss"]  # as if z_loss had been added after this run
+    (old / "config.yaml").write_text(yaml.safe_dump(recorded))
+    a = Adopter(tmp_path / "old", default=lambda: job_config)
+    assert a.match(job_config) == old  # the job's z_loss is the default: the run trained with it
+    assert a.match({**job_config, "task": {**job_config["task"], "z_loss": 1e-4}}) is None
+    assert unrecorded({"task": {"name": "x"}}, {"task": {"name": "x", "k": 1}}, {"task": {"name": "y", "k": 1}}) == \
+        ["task.k"]  # another option than the default's: no default stands for the key
+    paused = Job(0, [], tmp_path / "new", "run", cfg=OmegaConf.create({**job_config, "pause_at": 1}))
+    assert not a.adopt(paused) and paused.action == "run" and not (tmp_path / "new").exists()
+
+
+def test_a_study_report_counts_and_names_what_it_adopted(tmp_path, monkeypatch):
+    from modforge.studies import stages
     from modforge.studies.writeup import adopted_record
 
     assert adopted_record({}) == {}
     rec = adopted_record({"s/tune/round-0/0_x": "/old/ln/tune/round-0/0_x", "s/tune/round-0/1_y": "/old/ln/tune/round-0/1_y",
-                          "s/probe/3_z": "/old/ln/probe/3_z"})
-    assert rec == {"runs": 3, "stages": {"probe": 1, "tune/round-0": 2}, "sources": ["/old/ln"]}
+                          "s/tune/carry/3_z": "/old/ln/tune/carry-extend-1/3_z"})
+    assert rec == {"runs": 3, "stages": {"tune/carry": 1, "tune/round-0": 2}, "sources": ["/old/ln"]}
+    # the probe measures this machine: its stage never adopts
+    seen = []
+    monkeypatch.setattr(stages, "sweep", lambda overrides, adopter=None: seen.append(adopter) or
+                        {"exit": 0, "summary": ""})
+    monkeypatch.setattr(stages, "read_stage", lambda d, stage, cells: [{"status": "unfinished", "pause": None}]
+                        if not seen else [{"status": "finished", "pause": None}])
+    monkeypatch.setattr(stages, "check_cells", lambda *a: None)
+    marker = object()
+    clock = stages.StageClock(tmp_path, {}, adopter=marker)
+    d = type("D", (), {"overrides": [], "experiment": "x"})()
+    cell = stages.Cell("a", "", "", 1, {"seed": 1})
+    stages.run_stage(d, tmp_path / "probe", [cell], 1, clock)
+    seen_probe = seen.pop()
+    stages.run_stage(d, tmp_path / "tune" / "round-0", [cell], 1, clock)
+    assert seen_probe is None and seen == [marker]

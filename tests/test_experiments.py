@@ -241,8 +241,15 @@ def test_the_interaction_is_paired_by_seed_over_the_seeds_all_four_arms_finished
     m, sd = sum(d) / 3, math.sqrt(sum((v - sum(d) / 3) ** 2 for v in d) / 2)
     half = sps.t.ppf(0.975, 2) * sd / math.sqrt(3)
     assert (x["low"], x["high"]) == pytest.approx((m - half, m + half))
-    assert x["reading"] == "a1 - a0 is smaller"  # the a-factor lowers the loss more under a than under b
-    flat = ix.interaction(report, "b1", "b0", "b1", "b0")
-    assert flat["mean"] == 0 and flat["reading"].startswith("inconclusive")
+    assert x["reading"] == "a1 - a0 is smaller than b1 - b0"  # the factor lowers the loss more under a than b
+    from modforge.results.stats import minimum_detectable
+
+    assert x["mde"] == pytest.approx(minimum_detectable(sd / math.sqrt(3), 2, 0.05))
+    report["arms"][0]["values"] = {s: base[s] + 0.01 + (-1) ** i * 0.002 for i, s in enumerate(base)}  # about as
+    report["arms"][2]["values"] = {s: base[s] + 0.01 for s in base}  # b1 - b0: no interaction, some noise
+    z = ix.interaction(report, "a1", "a0", "b1", "b0")
+    assert z["reading"].startswith("inconclusive (MDE ") and z["low"] < 0 < z["high"]
+    with pytest.raises(SystemExit, match="no spread, so no interval"):
+        ix.interaction(report, "b1", "b0", "b1", "b0")
     with pytest.raises(SystemExit, match="arm='c': not in the report"):
         ix.interaction(report, "c", "a0", "b1", "b0")

@@ -41,6 +41,8 @@ def load_jobs(root: Path) -> list[Job]:
     jobs = []
     for ov_file in sorted(root.rglob(".hydra/overrides.yaml")):
         d = ov_file.parent.parent
+        if any(part.startswith(".adopting-") for part in d.relative_to(root).parts):  # a copy under way
+            continue  # (modforge.sweeps.adopt.PARTIAL: a run is read once it is renamed into place)
         name = str(d.relative_to(root)) if d != root else d.name
         try:
             listed = yaml.safe_load(ov_file.read_text(encoding="utf-8")) or []

@@ -142,13 +142,6 @@ class StageClock:
         self.adopter = adopter  # this sitting's reuse= (modforge.sweeps.adopt.Adopter), or None
         state.setdefault("stage_seconds", {})
 
-    def note_adopted(self) -> None:
-        """The runs this sitting adopted, kept in the log (``adopted``: {job directory: the run it copies}) for
-        the report, across sittings."""
-        if self.adopter is not None and self.adopter.adopted:
-            self.state.setdefault("adopted", {}).update(self.adopter.adopted)
-            write_log(self.study_dir, self.state)
-
     def add(self, stage_dir: Path, seconds: float) -> None:
         log = self.state["stage_seconds"]
         log[str(stage_dir)] = log.get(str(stage_dir), 0.0) + seconds
@@ -206,15 +199,14 @@ def run_stage(d: Design, stage_dir: Path, cells: list[Cell], jobs: int, clock: S
           f"{'; pausing at step ' + ', '.join(map(str, sorted(set(pause.values())))) if pause else ''})", flush=True)
     try:
         with clock.running(stage_dir):
-            outcome = sweep(overrides, clock.adopter)  # in this process; hydra/launcher=gpus: a process per job
+            # in this process (hydra/launcher=gpus: a process per job); the probe measures this machine: never adopted
+            outcome = sweep(overrides, clock.adopter if stage_dir.name != "probe" else None)
     except ConfigError as e:
         raise StudyStopped(f"{stage_dir}: the sweep did not start: {e}; fix it and run the same command again") \
             from None
     except SystemExit:  # a signal while a job trained: Lightning stopped it (its SIGTERMException, or its exit(1)
         # after a KeyboardInterrupt that came before its own handler was in place); no job of a sweep exits itself
         raise KeyboardInterrupt from None  # the study stops as on Ctrl-C: one line, 128 + the signal
-    finally:
-        clock.note_adopted()  # what was copied is recorded however the sweep ended
     print(outcome["summary"], flush=True)
     results = read_stage(d, stage_dir, cells)
     failed = [r for i, r in enumerate(results) if not ended(r, pause.get(i))]

@@ -122,20 +122,20 @@ def machines_of(devices: list) -> list:
 
 
 def adopted_record(adopted: dict) -> dict:
-    """The log's {job directory: the run it copies} in a report's terms: how many, per stage, and the source
-    directories (each source run's study directory: the parent of its stage); {} when nothing was adopted."""
+    """{job directory: the run it copies} (each adopted.json under the study) in a report's terms: how many, per
+    stage, and the studies they come from (the directory holding the run's stage); {} when nothing was adopted."""
     if not adopted:
         return {}
+
+    def stage_of(run: Path) -> Path:  # <study>/probe/<job>, <study>/<stage>/<round, extend-i, carry...>/<job>
+        return run.parent if run.parent.name == "probe" else run.parent.parent
+
     stages: dict = {}
     for job in adopted:
-        p = Path(job).parent
-        stage = p.name if p.name == "probe" else f"{p.parent.name}/{p.name}"
-        stages[stage] = stages.get(stage, 0) + 1
-    def study_of(run: str) -> str:  # <study>/probe/<job>, <study>/<stage>/round-<n>/<job>
-        p = Path(run)
-        return str(p.parents[2] if p.parent.name.startswith("round-") else p.parents[1])
-
-    sources = sorted({study_of(src) for src in adopted.values()})
+        s = Path(job).parent
+        name = s.name if s.name == "probe" else f"{s.parent.name}/{s.name}"
+        stages[name] = stages.get(name, 0) + 1
+    sources = sorted({str(stage_of(Path(src)).parent) for src in adopted.values()})
     return {"runs": len(adopted), "stages": dict(sorted(stages.items())), "sources": sources}
 
 
@@ -321,8 +321,9 @@ def to_markdown(d: Design, rec: dict, plan_text: str, plots: list) -> str:
     if rec.get("adopted"):
         a = rec["adopted"]
         lines += ["", f"Adopted, not trained here: {a['runs']} runs ({', '.join(f'{k} {v}' for k, v in a['stages'].items())})"
-                  f" are copies of ended runs under {', '.join(a['sources'])} whose recorded configs are their jobs' "
-                  "(`reuse=`; each copy's adopted.json names its run): that study trained them."]
+                  f" are copies of ended runs of {', '.join(a['sources'])}, each adopted because its recorded config "
+                  "is its job's (`reuse=`, `modforge/sweeps/adopt.py`; each copy's adopted.json names its run). They "
+                  "were trained there, with the code of that study, not here."]
     if rec.get("machines"):
         lines += ["", "Ran on (tuning and comparison runs, as each run's metrics.json recorded): "
                   + "; ".join(f"{m['runs']} on {machine_text(m['machine'])}" for m in rec["machines"]) + "."]

@@ -1,28 +1,36 @@
 """Adopting runs that already ended elsewhere: a planned job whose directory is new takes a copy of an ended run
 (finished or diverged) found under a source directory whose config is the job's, instead of training it again.
 
-"The job's config" is the comparison a sweep makes before it skips or resumes a job in place
-(:func:`modforge.run.dirs.config_difference`): every key the ended run recorded, with the same value, ignoring the
-keys that say how a command runs and not what a run trains (progress bars, logging, the study block). A run
-recorded before a key existed is read with that key at today's default, as a resumed run is. A run re-run from
-its config on one machine gives its recorded values to the last digit (``experiments/README.md``, "Reproducing a
-cell", and ``experiments/results/recheck_cells.md``), so the copy holds what training the job would give there;
-on another CPU the kernels may round differently, and each run's ``metrics.json`` records the CPU it trained on.
+"The job's config", compared both ways, ignoring the keys that say how a command runs and not what a run trains
+(progress bars, logging, the study block: :data:`modforge.run.dirs.HOW_KEYS`): every key the ended run recorded
+has the job's value (the comparison a sweep makes before it skips or resumes a job in place,
+:func:`modforge.run.dirs.config_difference`), and every key of the job's that the run did not record (a key added
+to modforge after it ran) is at today's default, the value the run trained with; a job that sets such a key to
+anything else, or to a key of a component whose default is not the job's option, adopts nothing. A job that is to
+pause (``pause_at``: successive halving ranks runs at a step) adopts nothing either.
 
-The copy is the run's directory without its checkpoints, written under a temporary name and renamed into place,
-with ``adopted.json`` beside its records naming the run it copies. The study runner uses this for a study
-amended after its results (``python -m modforge.study experiment=<amended> reuse=<the first study's dir>``); the
-report counts and names what was adopted."""
+A run re-run from its config on one machine gives its recorded values to the last digit (``experiments/README.md``,
+"Reproducing a cell", and ``experiments/results/recheck_cells.md``), so a copy holds what training the job would
+give there, as long as the training code did not change between the two; on another CPU the kernels may round
+differently, and each run's ``metrics.json`` records the CPU it trained on. The copy is the run's directory without
+its checkpoints, written under a temporary name beside the job's and renamed into place, with Hydra's record
+(``.hydra/overrides.yaml``, ``.hydra/config.yaml``) rewritten to the job's, so the sweep that holds it reads as one
+experiment, and ``adopted.json`` naming the run it copies, the source directory and the overrides it ran with.
+The study runner uses this for a study amended after its results (``python -m modforge.study
+experiment=<amended> reuse=<the first study's dir>``); the report counts and names what was adopted."""
 import datetime
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import yaml
 
 from modforge.errors import ConfigError
-from modforge.run.dirs import FINAL, config_difference, read_state
+from modforge.run.dirs import CONTROL_KEYS, FINAL, HOW_KEYS, config_difference, read_state
 from modforge.utils.files import write_json
 
 ADOPTED = "adopted.json"
+PARTIAL = ".adopting-"  # a copy under way: never read as a run (modforge.results.jobs.load_jobs skips it)
 
 
 def _plain(value: Any) -> Any:
@@ -31,24 +39,54 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+def _default_config() -> dict:
+    from modforge.config.composition import compose_job
+
+    return _plain(compose_job([]))
+
+
+def unrecorded(recorded: Any, config: Any, default: Any, key: str = "") -> list:
+    """The keys of ``config`` that ``recorded`` lacks and whose value is not today's default there (a component's
+    key counts as a default only under the default's own option): [] when the run trained as the job would."""
+    if key in CONTROL_KEYS or key in HOW_KEYS:
+        return []
+    if not isinstance(config, dict) or not isinstance(recorded, dict):
+        return []
+    if not isinstance(default, dict) or ("name" in config and config.get("name") != default.get("name")):
+        default = None  # another option than the default's: a key it lacks has no default to stand for it
+    out = []
+    for k, v in config.items():
+        sub = f"{key}.{k}" if key else k
+        if sub in CONTROL_KEYS or sub in HOW_KEYS:
+            continue
+        if k not in recorded:
+            if default is None or k not in default or default[k] != v:
+                out.append(sub)
+        else:
+            out += unrecorded(recorded[k], v, default.get(k) if default else None, sub)
+    return out
+
+
 class Adopter:
     """The ended runs under ``source`` (read once, when first asked), and what :meth:`adopt` copied from them."""
 
-    def __init__(self, source: Path):
+    def __init__(self, source: Path, default: Optional[Callable[[], dict]] = None):
         self.source = Path(source)
         if not self.source.is_dir():
             raise ConfigError(f"reuse={source}: no such directory (give a directory holding ended runs, e.g. a "
                               "study's, restored with experiments/study_state.py restore)")
         self._index: Optional[list] = None
+        self._default, self._default_of = None, default or _default_config
         self.adopted: dict = {}  # {job directory: the run it copies}
 
     def index(self) -> list:
-        """[(directory, recorded config)] of every finished or diverged run under the source, in path order."""
+        """[(directory, recorded config)] of every finished or diverged run under the source, in path order (a copy
+        another adoption made is a run of its own record too: its config is its job's)."""
         if self._index is None:
             found = []
             for f in sorted(self.source.rglob("config.yaml")):
                 d = f.parent
-                if d.name == ".hydra" or (d / ADOPTED).is_file():  # Hydra's copy; a copy of a copy names the first
+                if d.name == ".hydra" or any(p.startswith(PARTIAL) for p in d.relative_to(self.source).parts):
                     continue
                 state = read_state(d, owned=False)
                 if state.status in FINAL and state.config is not None:
@@ -56,10 +94,15 @@ class Adopter:
             self._index = found
         return self._index
 
+    def default(self) -> dict:
+        if self._default is None:
+            self._default = self._default_of()
+        return self._default
+
     def match(self, config: dict) -> Optional[Path]:
-        """The first ended run whose recorded config is ``config`` (as a sweep compares them), or None."""
+        """The first ended run whose recorded config is ``config`` both ways, or None."""
         for d, recorded in self.index():
-            if not config_difference(recorded, config, limit=1):
+            if not config_difference(recorded, config, limit=1) and not unrecorded(recorded, config, self.default()):
                 return d
         return None
 
@@ -68,22 +111,45 @@ class Adopter:
         copy the matching ended run there and mark the job skipped; True when it did."""
         if job.action != "run" or job.dir is None or job.cfg is None or read_state(job.dir).status != "new":
             return False
+        if job.cfg.get("pause_at") is not None:
+            return False
         config = {k: _plain(job.cfg[k]) for k in job.cfg if k != "hydra"}
         src = self.match(config)
         if src is None:
             return False
         dest = Path(job.dir)
-        tmp = dest.parent / f".adopting-{dest.name}"
+        tmp = dest.parent / f"{PARTIAL}{dest.name}"
         if tmp.exists():
             shutil.rmtree(tmp)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("checkpoints"), symlinks=True)
-        write_json(tmp / ADOPTED, {"from": str(src.resolve()),
+        ran_with = tmp / ".hydra" / "overrides.yaml"
+        original = yaml.safe_load(ran_with.read_text(encoding="utf-8")) if ran_with.is_file() else None
+        (tmp / ".hydra").mkdir(exist_ok=True)
+        ran_with.write_text(yaml.safe_dump([str(o) for o in job.overrides], sort_keys=False), encoding="utf-8")
+        (tmp / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        write_json(tmp / ADOPTED, {"from": str(src.resolve()), "source": str(self.source.resolve()),
+                                   "overrides_it_ran_with": original,
                                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                   "rule": "its recorded config is this job's (modforge.run.dirs.config_difference)"})
-        if dest.is_dir():  # an empty directory Hydra or an interrupted copy left (read_state said: new)
+                                   "rule": "its recorded config is this job's, both ways (modforge.sweeps.adopt)"})
+        if dest.is_dir():  # an empty directory, or Hydra's record only (read_state said: new)
             shutil.rmtree(dest)
         tmp.rename(dest)
         job.action, job.why = "skip", f"adopted from {src}"
         self.adopted[str(dest)] = str(src)
         return True
+
+
+def adopted_in(root: Path) -> dict:
+    """{run directory: its adopted.json} of every adopted run under ``root`` (what the report counts: the files
+    are the record, whatever became of the sitting that copied them)."""
+    from modforge.utils.files import read_json
+
+    out = {}
+    for f in sorted(Path(root).rglob(ADOPTED)):
+        if any(p.startswith(PARTIAL) for p in f.relative_to(root).parts):
+            continue
+        rec = read_json(f)
+        if isinstance(rec, dict):
+            out[str(f.parent)] = rec
+    return out

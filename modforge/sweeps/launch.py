@@ -44,14 +44,14 @@ def sweep(overrides: list, adopter: Optional[Any] = None) -> dict:
     resolvers.forget_claimed()  # this sweep claims its own new directory
     with hydra_loader() as loader:
         plan = build(overrides, True, loader, here=not runs_elsewhere(overrides))
-    if adopter is not None and not plan.dry_run:
-        for job in plan.jobs:
-            adopter.adopt(job)
     ddp = [j for j in plan.jobs if j.runs and _device_count(j.devices) > 1]
     if ddp and str(plan.cfg.hydra.launcher.get("_target_", "")).endswith("BasicLauncher"):
         raise ConfigError(f"trainer.devices={ddp[0].devices}: this sweep runs its jobs in this process, where "
                           "Lightning cannot start a DDP job's ranks; give each job its own process with "
                           "hydra/launcher=gpus")
+    if adopter is not None and not plan.dry_run:
+        for job in plan.jobs:
+            adopter.adopt(job)
     return run_plan(plan, sweep_task(plan.checked))
 
 
