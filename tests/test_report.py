@@ -583,3 +583,10 @@ def test_along_a_swept_key_each_line_has_its_best_and_edges_are_flagged(tmp_path
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "panel=param"])
     assert "panel=param: panels split the lines of x=KEY; give x= too" in capsys.readouterr().err
+
+
+def test_a_level_is_printed_as_given_not_rounded():
+    """level=0.9875 (four tables holding 0.95 together) must not read as 99%."""
+    from modforge.results.formats import percent
+
+    assert (percent(0.95), percent(0.9875), percent(0.99), percent(0.999)) == ("95%", "98.75%", "99%", "99.9%")

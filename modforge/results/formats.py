@@ -12,6 +12,11 @@ from modforge.results.jobs import STATUSES, Job
 from modforge.results.tables import Row, Table
 
 
+def percent(level: float) -> str:
+    """A confidence level as a reader writes it: 0.95 as 95%, 0.9875 as 98.75% (never rounded to 99%)."""
+    return f"{level * 100:.10g}%"
+
+
 def fmt(x: float, digits: int = 4) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
@@ -67,7 +72,7 @@ def other_statuses(r: Row, metric: str = "") -> str:
     return ", ".join(parts)
 
 def answer_rows(t: Table) -> tuple[list, list]:
-    pct = f"{t.level:.0%}"
+    pct = percent(t.level)
     simultaneous = f"Δ {pct} CI" + (" (simultaneous)" if t.family > 1 else "")
     head = [*t.varying, "runs", f"{t.metric} mean", f"{pct} CI", "sd", "min", "max",
             "Δ vs baseline", simultaneous, "pairs", "verdict", "collapsed+diverged", "not counted"]
@@ -131,7 +136,7 @@ def describe(t: Table, over: tuple) -> str:
     lo, hi = t.info.get("low", -math.inf), t.info.get("high", math.inf)
     rng = f" in [{lo:g}, {hi:g}]" if math.isfinite(lo) or math.isfinite(hi) else ""
     text = (f"task {t.task}, metric {t.metric}{rng}{', ' + t.at if t.at else ''}, {order}; runs pooled over {', '.join(over) or 'nothing'}; "
-            f"means over finished runs only, with {t.level:.0%} intervals inside the metric's range; "
+            f"means over finished runs only, with {percent(t.level)} intervals inside the metric's range; "
             f"baseline {base or '(the only configuration)'}")
     if t.study:
         text = f"study: {t.study.get('question', '(no question written)')}\n" + text
@@ -147,7 +152,7 @@ def describe(t: Table, over: tuple) -> str:
 
 def family_rule(t: Table) -> str:
     """How the table's Δ intervals are made and held to the family's level."""
-    head = f"the {t.family} {t.family_of} form one family at {t.level:.0%}"
+    head = f"the {t.family} {t.family_of} form one family at {percent(t.level)}"
     if t.test == "block":
         read = [r.diff for r in t.rows if r.diff is not None and r.diff.decided]
         crit = (f"c = {stats.t_quantile(1 - read[0].tail / 2, read[0].df):.4g} at the model's {read[0].df:g} "

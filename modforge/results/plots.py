@@ -23,7 +23,7 @@ except ImportError as e:  # the report still prints and writes its tables
 
 from modforge.results import stats
 from modforge.results.jobs import read_curve
-from modforge.results.formats import label_of
+from modforge.results.formats import label_of, percent
 
 
 def slug(text: str) -> str:
@@ -56,7 +56,7 @@ def curves(t, out: Path, prefix: str) -> list[str]:
         return []
     ax.set_xlabel("training step")
     ax.set_ylabel(f"{t.metric}" + (" (nats/token)" if t.metric.endswith("loss") else ""))
-    ax.set_title(f"{t.task}: {t.metric} during training, mean over seeds, {t.level:.0%} t-interval band")
+    ax.set_title(f"{t.task}: {t.metric} during training, mean over seeds, {percent(t.level)} t-interval band")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out, f"{prefix}curves")
@@ -79,7 +79,7 @@ def final(t, out: Path, prefix: str) -> list[str]:
     ax.set_yticklabels([label_of(t, r) + (" [baseline]" if r.is_baseline else "") + f"  n={r.n}" for r in rows],
                        fontsize=8)
     better = "lower" if t.best == "min" else "higher"
-    ax.set_xlabel(f"final {t.metric} ({better} is better): mean with {t.level:.0%} t-interval; x = single runs")
+    ax.set_xlabel(f"final {t.metric} ({better} is better): mean with {percent(t.level)} t-interval; x = single runs")
     ax.set_title(f"{t.task}: final {t.metric}, best first")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
@@ -147,7 +147,7 @@ def along(t, panels: list, x: str, out: Path, prefix: str) -> list[str]:
         plt.close(fig)
         return []
     axes[0][0].set_ylabel(f"final {t.metric}" + (" (nats/token)" if t.metric.endswith("loss") else "") +
-                          f", mean over seeds, {t.level:.0%} band")
+                          f", mean over seeds, {percent(t.level)} band")
     fig.suptitle(f"{t.task}: {t.metric} along {x}; the best of each line starred", fontsize=11)
     fig.tight_layout()
     return _save(fig, out, f"{prefix}along_{slug(x)}")
