@@ -532,6 +532,16 @@ def test_a_declared_study_sets_the_family_baseline_and_margin(tmp_path, capsys):
         "not in the study's family"
     report.main([str(tmp_path)])
     assert capsys.readouterr().out.startswith("jobs: 12 finished\n\nstudy: does b match a?\n")
+    other = tmp_path.parent / (tmp_path.name + "_other")  # the experiment swept at other rates, not its arms
+    for s, v in enumerate([2.0, 2.1], 1):
+        d = fake_job(other, f"r{s}", ["optim.lr=0.1", f"seed={s}"] if s == 1 else ["optim.lr=0.2", "seed=1"], v)
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"task": {"name": "causal_lm"}, "study": study}))
+    with pytest.raises(SystemExit):
+        report.main([str(other)])
+    assert "names no configuration by the overrides that vary in this sweep (optim.lr); a sweep that is not the " \
+           "study's design is read with study=ignore" in capsys.readouterr().err
+    report.main([str(other), "study=ignore"])
+    assert "| 0.1 |" in capsys.readouterr().out
     rows = {r["cfg"]: r for r in records(capsys, tmp_path, "study=ignore")}  # a plain sweep: the best, all pairs
     assert rows["b"]["family"] == 3 and rows["b"]["margin"] is None  # NaN: null in strict JSON
     (tmp_path / "c1" / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"study": {**study, "margin": -1}}))

@@ -238,7 +238,8 @@ def build_tables(jobs: list[Job], a: dict) -> tuple[list[Table], dict]:
             keys = [p.split("=", 1)[0] for p in spec.split(",")]
             if not all("=" in p for p in spec.split(",")) or any(k not in varying for k in keys):
                 raise ReportError(f"study.compare: '{spec}' names no configuration by the overrides that vary in "
-                                  f"this sweep ({', '.join(varying) or 'none vary'})")
+                                  f"this sweep ({', '.join(varying) or 'none vary'}); a sweep that is not the study's "
+                                  "design is read with study=ignore")
     tasks = sorted({j.task for j in jobs if j.status != "unreadable"})
     groups = [(t, [t]) for t in tasks] if a["tasks"] == "apart" else [("+".join(tasks), tasks)]
     tables = []
