@@ -35,7 +35,7 @@ PRECISE = re.compile(r"(?<![\w.])([−-]?)(\d+\.\d{3,})(?![\d])")
 ANY = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?")
 LINK = re.compile(r"\]\(([a-z0-9_]+)\.md[)#]")
 # write-ups whose every precise figure is found (the slow test keeps them so); the others are being checked
-CHECKED = ("architectures", "ffn_variants", "norm_quick", "ladder_ffn", "ladder_norms", "qk_norm_stability", "norms", "prepost_ln", "mup_transfer", "mup_depth", "positions")
+CHECKED = ("architectures", "ffn_variants", "norm_quick", "mup_ladder", "shakespeare_char", "ladder_ffn", "ladder_norms", "qk_norm_stability", "norms", "prepost_ln", "mup_transfer", "mup_depth", "positions")
 
 
 def writeups() -> list:
