@@ -27,22 +27,17 @@ import yaml
 
 from modforge.errors import ConfigError
 from modforge.run.dirs import CONTROL_KEYS, FINAL, HOW_KEYS, config_difference, read_state
+from modforge.sweeps.planning import job_config
 from modforge.utils.files import write_json
 
 ADOPTED = "adopted.json"
 PARTIAL = ".adopting-"  # a copy under way: never read as a run (modforge.results.jobs.load_jobs skips it)
 
 
-def _plain(value: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
 def _default_config() -> dict:
     from modforge.config.composition import compose_job
 
-    return _plain(compose_job([]))
+    return job_config(compose_job([]))
 
 
 def unrecorded(recorded: Any, config: Any, default: Any, key: str = "") -> list:
@@ -113,7 +108,7 @@ class Adopter:
             return False
         if job.cfg.get("pause_at") is not None:
             return False
-        config = {k: _plain(job.cfg[k]) for k in job.cfg if k != "hydra"}
+        config = job_config(job.cfg)
         src = self.match(config)
         if src is None:
             return False

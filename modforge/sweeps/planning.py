@@ -121,8 +121,7 @@ def decide(num: int, overrides: list, cfg: Any, retry_failed: bool) -> Job:
             return _as(job, "conflict", f"its config.yaml cannot be read ({state.damaged}); repair it, or delete the "
                                         "directory to train the job again")
         if state.holds_run and state.config is not None:
-            plain = {k: _plain(cfg[k]) for k in cfg if k != "hydra"}  # (Hydra's node resolves only in the job)
-            diff = config_difference(state.config, plain)
+            diff = config_difference(state.config, job_config(cfg))
             if diff:
                 return _as(job, "conflict", "; ".join(diff))
     except Exception as e:  # noqa: BLE001 - a directory or config that cannot be read: that job is refused
@@ -150,6 +149,12 @@ def _as(job: Job, action: str, why: str) -> Job:
 
 def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def job_config(cfg: Any) -> dict:
+    """A composed job's config as its run records it: plain values, without Hydra's node (which resolves only in
+    the job)."""
+    return {k: _plain(cfg[k]) for k in cfg if k != "hydra"}
 
 
 def check_distinct(jobs: list, argv: list) -> None:
