@@ -262,7 +262,8 @@ def test_a_run_that_predates_a_key_is_adopted_only_where_the_job_leaves_it_at_it
     import yaml
     from omegaconf import OmegaConf
 
-    from modforge.sweeps.adopt import Adopter, unrecorded
+    from modforge.run.dirs import keys_it_predates
+    from modforge.sweeps.adopt import Adopter
     from modforge.sweeps.launch import sweep
     from modforge.sweeps.plan import Job
 
@@ -278,10 +279,34 @@ def test_a_run_that_predates_a_key_is_adopted_only_where_the_job_leaves_it_at_it
     a = Adopter(tmp_path / "old", default=lambda: job_config)
     assert a.match(job_config) == old  # the job's z_loss is the default: the run trained with it
     assert a.match({**job_config, "task": {**job_config["task"], "z_loss": 1e-4}}) is None
-    assert unrecorded({"task": {"name": "x"}}, {"task": {"name": "x", "k": 1}}, {"task": {"name": "y", "k": 1}}) == \
+    assert keys_it_predates({"task": {"name": "x"}}, {"task": {"name": "x", "k": 1}}, {"task": {"name": "y", "k": 1}}) == \
         ["task.k"]  # another option than the default's: no default stands for the key
     paused = Job(0, [], tmp_path / "new", "run", cfg=OmegaConf.create({**job_config, "pause_at": 1}))
     assert not a.adopt(paused) and paused.action == "run" and not (tmp_path / "new").exists()
+
+
+
+def test_a_sweep_refuses_a_job_whose_directory_holds_a_run_that_predates_a_key_the_job_sets(tmp_path, monkeypatch):
+    """A sweep compares each job with the run its directory holds both ways, as a single run does: a key the run
+    never recorded must be at today's default, or the job is a conflict (not a skip) and nothing starts."""
+    import yaml
+
+    from modforge.errors import ConfigError
+    from modforge.sweeps.launch import sweep
+
+    monkeypatch.chdir(tmp_path)
+    base = [*TINY, "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path / 's'}",
+            "hydra.sweep.subdir=${hydra.job.num}"]  # one directory per job, whatever its overrides
+    sweep([*base, "seed=1,2"])
+    for cfg in (tmp_path / "s").glob("*/config.yaml"):
+        recorded = yaml.safe_load(cfg.read_text())
+        del recorded["task"]["z_loss"]  # as if z_loss had been added after these runs
+        cfg.write_text(yaml.safe_dump(recorded))
+    out = sweep([*base, "seed=1,2"])  # at the default: the runs are the jobs' and are skipped
+    assert [j["action"] for j in out["jobs"]] == ["skip", "skip"]
+    with pytest.raises(ConfigError, match="2 job directories cannot be used") as e:
+        sweep([*base, "seed=1,2", "task.z_loss=1e-4"])
+    assert "task.z_loss: 0.0001 now, not in the run's record" in str(e.value)
 
 
 def test_a_study_report_counts_and_names_what_it_adopted(tmp_path, monkeypatch):

@@ -95,6 +95,28 @@ def test_a_directory_holding_another_configuration_is_refused_and_left_alone(tmp
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+
+def test_a_run_that_predates_a_key_is_this_configuration_only_where_the_key_is_at_its_default(tmp_path):
+    """Compared both ways: a key the saved run never recorded (added to modforge after it ran) stands for today's
+    default, so the run is taken as this configuration only where the command leaves the key there; set off it,
+    the directory is refused and left alone, not skipped as if the run had trained with it."""
+    import yaml
+
+    from modforge.errors import RunDirTaken
+
+    base = tiny_overrides(steps=2) + ["data.max_chars=20000", "sample=false"]
+    run(compose(base), tmp_path)
+    recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del recorded["task"]["z_loss"]  # as if z_loss had been added after this run
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RunDirTaken, match=r"another configuration \(task.z_loss: 0.0001 now, not in the run's record"):
+        run(compose([*base, "task.z_loss=1e-4"]), tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert run(compose(base), tmp_path)["status"] == "finished"  # at the default: the same run, nothing retrained
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 # --------------------------------------------------------------------------- exact resume
 
 @pytest.mark.process  # SIGKILL at a step and mid-save

@@ -189,3 +189,9 @@ def to_plain(cfg: DictConfig) -> dict:
     d = OmegaConf.to_container(cfg, resolve=True)
     d.pop("hydra", None)
     return d
+
+
+def default_config() -> dict:
+    """Today's default run config, as a run records it: what a run that predates a key trained with there
+    (:func:`modforge.run.dirs.run_difference`)."""
+    return to_plain(compose_job([]))

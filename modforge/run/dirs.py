@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
@@ -188,6 +188,43 @@ def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
             out.append(f"{key}: {a!r} there, {b!r} now")
 
     walk(saved or {}, new or {}, "")
+    return out
+
+
+def keys_it_predates(recorded: Any, config: Any, default: Any, key: str = "") -> list[str]:
+    """The keys (dotted) of ``config`` that ``recorded`` lacks and whose value is not today's ``default`` there:
+    [] when a run that predates them trained as ``config`` would. A component's key counts as at its default only
+    under the default's own option; ``default=None``: every key the record lacks."""
+    if key in CONTROL_KEYS or key in HOW_KEYS or not isinstance(config, dict) or not isinstance(recorded, dict):
+        return []
+    if not isinstance(default, dict) or ("name" in config and config.get("name") != default.get("name")):
+        default = None  # another option than the default's: a key it lacks has no default to stand for it
+    out = []
+    for k, v in config.items():
+        sub = f"{key}.{k}" if key else k
+        if sub in CONTROL_KEYS or sub in HOW_KEYS:
+            continue
+        if k not in recorded:
+            if default is None or k not in default or default[k] != v:
+                out.append(sub)
+        else:
+            out += keys_it_predates(recorded[k], v, default.get(k) if default else None, sub)
+    return out
+
+
+def run_difference(saved: dict, new: dict, default_of: Callable[[], dict], limit: int = 3) -> list[str]:
+    """:func:`config_difference` both ways: also each key of ``new`` that the saved run never recorded (a key added
+    to modforge after it ran) and that ``new`` sets off today's default (``default_of()``, composed only when the
+    record lacks a key), since the run trained at that default."""
+    out = config_difference(saved, new, limit)
+    if out or not keys_it_predates(saved or {}, new or {}, None):
+        return out
+    for k in keys_it_predates(saved or {}, new or {}, default_of())[:limit]:
+        value: Any = new
+        for part in k.split("."):
+            value = value[part]
+        out.append(f"{k}: {value!r} now, not in the run's record (it predates the key; only the default of the "
+                   "option it ran matches)")
     return out
 
 

@@ -22,11 +22,11 @@ from modforge import registry
 from modforge.checkpoints.files import (facts_of, find_checkpoint, load_matching, read_checkpoint, shapes_of,
                                        weights_mismatch)
 from modforge.config.checks import check_positions, validate
-from modforge.config.composition import load, to_plain
+from modforge.config.composition import default_config, load, to_plain
 from modforge.config.overrides import user_override_keys
 from modforge.errors import ConfigError, ModforgeError, RunDirTaken
 from modforge.run import measure, ranks
-from modforge.run.dirs import (FINAL, claim, clear_records, config_difference, not_a_file, pause_of, read_state,
+from modforge.run.dirs import (FINAL, claim, clear_records, not_a_file, pause_of, read_state, run_difference,
                                 run_lock, trim_metrics_csv)
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.run.summary import print_summary, say_init
@@ -138,7 +138,7 @@ def decide_start(cfg: DictConfig, out_dir: Path, resume: Optional[str]) -> Start
         return claimed(out_dir, Start(clear=True))  # failed before it wrote its config (status.json alone)
     if not state.holds_run:
         return claimed(out_dir, Start())
-    diff = config_difference(state.config or {}, to_plain(cfg))
+    diff = run_difference(state.config or {}, to_plain(cfg), default_config)
     if diff:
         raise RunDirTaken(f"{out_dir} holds a run of another configuration ({'; '.join(diff)})"
                           "; choose an empty hydra.run.dir (or hydra.sweep.dir)")

@@ -1,11 +1,11 @@
 """Adopting runs that already ended elsewhere: a planned job whose directory is new takes a copy of an ended run
 (finished or diverged) found under a source directory whose config is the job's, instead of training it again.
 
-"The job's config", compared both ways, ignoring the keys that say how a command runs and not what a run trains
-(progress bars, logging, the study block: :data:`modforge.run.dirs.HOW_KEYS`): every key the ended run recorded
-has the job's value (the comparison a sweep makes before it skips or resumes a job in place,
-:func:`modforge.run.dirs.config_difference`), and every key of the job's that the run did not record (a key added
-to modforge after it ran) is at today's default, the value the run trained with; a job that sets such a key to
+"The job's config", compared both ways as a sweep compares a job with the run its directory holds before it
+skips or resumes it (:func:`modforge.run.dirs.run_difference`), ignoring the keys that say how a command runs and
+not what a run trains (progress bars, logging, the study block: :data:`modforge.run.dirs.HOW_KEYS`): every key the
+ended run recorded has the job's value, and every key of the job's that the run did not record (a key added to
+modforge after it ran) is at today's default, the value the run trained with; a job that sets such a key to
 anything else, or to a key of a component whose default is not the job's option, adopts nothing. A job that is to
 pause (``pause_at``: successive halving ranks runs at a step) adopts nothing either.
 
@@ -25,41 +25,14 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from modforge.config.composition import default_config
 from modforge.errors import ConfigError
-from modforge.run.dirs import CONTROL_KEYS, FINAL, HOW_KEYS, config_difference, read_state
+from modforge.run.dirs import FINAL, read_state, run_difference
 from modforge.sweeps.planning import job_config
 from modforge.utils.files import write_json
 
 ADOPTED = "adopted.json"
 PARTIAL = ".adopting-"  # a copy under way: never read as a run (modforge.results.jobs.load_jobs skips it)
-
-
-def _default_config() -> dict:
-    from modforge.config.composition import compose_job
-
-    return job_config(compose_job([]))
-
-
-def unrecorded(recorded: Any, config: Any, default: Any, key: str = "") -> list:
-    """The keys of ``config`` that ``recorded`` lacks and whose value is not today's default there (a component's
-    key counts as a default only under the default's own option): [] when the run trained as the job would."""
-    if key in CONTROL_KEYS or key in HOW_KEYS:
-        return []
-    if not isinstance(config, dict) or not isinstance(recorded, dict):
-        return []
-    if not isinstance(default, dict) or ("name" in config and config.get("name") != default.get("name")):
-        default = None  # another option than the default's: a key it lacks has no default to stand for it
-    out = []
-    for k, v in config.items():
-        sub = f"{key}.{k}" if key else k
-        if sub in CONTROL_KEYS or sub in HOW_KEYS:
-            continue
-        if k not in recorded:
-            if default is None or k not in default or default[k] != v:
-                out.append(sub)
-        else:
-            out += unrecorded(recorded[k], v, default.get(k) if default else None, sub)
-    return out
 
 
 class Adopter:
@@ -71,7 +44,7 @@ class Adopter:
             raise ConfigError(f"reuse={source}: no such directory (give a directory holding ended runs, e.g. a "
                               "study's, restored with experiments/study_state.py restore)")
         self._index: Optional[list] = None
-        self._default, self._default_of = None, default or _default_config
+        self._default, self._default_of = None, default or default_config
         self.adopted: dict = {}  # {job directory: the run it copies}
 
     def index(self) -> list:
@@ -97,7 +70,7 @@ class Adopter:
     def match(self, config: dict) -> Optional[Path]:
         """The first ended run whose recorded config is ``config`` both ways, or None."""
         for d, recorded in self.index():
-            if not config_difference(recorded, config, limit=1) and not unrecorded(recorded, config, self.default()):
+            if not run_difference(recorded, config, self.default, limit=1):
                 return d
         return None
 

@@ -19,10 +19,10 @@ from omegaconf import OmegaConf
 from modforge import registry
 from modforge.config.checks import check_output_dir, validate
 from modforge.config.command_line import check_overrides, top_names
-from modforge.config.composition import compose_command, compose_sweep_job, parse_overrides
+from modforge.config.composition import compose_command, compose_sweep_job, default_config, parse_overrides
 from modforge.config.grid import sweep_jobs
 from modforge.config.overrides import user_override_keys
-from modforge.run.dirs import FINAL, SWEEP_KEYS, config_difference, is_locked, reached_pause, read_state
+from modforge.run.dirs import FINAL, SWEEP_KEYS, is_locked, reached_pause, read_state, run_difference
 from modforge.run.resume import resume_path, resumed_config, unrecorded, with_init_from
 from modforge.sweeps.gpus import check_slots, slot_count
 from modforge.sweeps.plan import Job, Plan, config_stamp
@@ -62,6 +62,7 @@ def plan_sweep(plan: Plan, arguments: list, loader: Any, here: bool = True) -> P
         check_subdir(cfg, len(jobs))
     slots = slot_count(cfg.hydra.launcher)  # hydra/launcher=gpus: its devices
     retry = bool(cfg.get("retry_failed", False))
+    default = _Once(default_config)  # composed only if a job's directory holds a run that predates a key
     bad = []
     for num, job in enumerate(jobs):
         try:
@@ -73,7 +74,7 @@ def plan_sweep(plan: Plan, arguments: list, loader: Any, here: bool = True) -> P
             bad.append((num, job, e))
             plan.jobs.append(Job(num, job, None, "invalid", str(e)))
             continue
-        plan.jobs.append(decide(num, job, job_cfg, retry))
+        plan.jobs.append(decide(num, job, job_cfg, retry, default))
     refuse_invalid(plan, bad, jobs, bool(cfg.get("skip_invalid", False)))
     conflicts = [p for p in plan.jobs if p.action == "conflict"]
     if conflicts:
@@ -106,7 +107,7 @@ def refuse_invalid(plan: Plan, bad: list, jobs: list, skip: bool) -> None:
           file=sys.stderr)
 
 
-def decide(num: int, overrides: list, cfg: Any, retry_failed: bool) -> Job:
+def decide(num: int, overrides: list, cfg: Any, retry_failed: bool, default_of: Any = default_config) -> Job:
     """What happens to one job of the sweep, from what its directory holds."""
     d = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
     job = Job(num, overrides, d, "run", devices=_plain(cfg.trainer.get("devices", 1)),
@@ -121,7 +122,7 @@ def decide(num: int, overrides: list, cfg: Any, retry_failed: bool) -> Job:
             return _as(job, "conflict", f"its config.yaml cannot be read ({state.damaged}); repair it, or delete the "
                                         "directory to train the job again")
         if state.holds_run and state.config is not None:
-            diff = config_difference(state.config, job_config(cfg))
+            diff = run_difference(state.config, job_config(cfg), default_of)
             if diff:
                 return _as(job, "conflict", "; ".join(diff))
     except Exception as e:  # noqa: BLE001 - a directory or config that cannot be read: that job is refused
@@ -149,6 +150,18 @@ def _as(job: Job, action: str, why: str) -> Job:
 
 def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+class _Once:
+    """A function's value, computed on the first call and kept."""
+
+    def __init__(self, fn: Any):
+        self.fn, self.value, self.done = fn, None, False
+
+    def __call__(self) -> Any:
+        if not self.done:
+            self.value, self.done = self.fn(), True
+        return self.value
 
 
 def job_config(cfg: Any) -> dict:
