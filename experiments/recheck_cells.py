@@ -8,8 +8,9 @@ The cells are the rows of the "Reproducing a cell" table in experiments/README.m
 report.json that holds its values), the command that re-runs the cell alone, and the values it gave. For each
 row this script checks that every quoted value is a number in a committed report.json of that study, runs the
 command (its output in a temporary directory), and compares what the run's metrics.json says with the quoted
-value. It writes the comparison, with the date, the CPU and each run's SIMD kernels, to
+value. It writes the comparison, with each row's date, CPU and SIMD kernels, to
 experiments/results/recheck_cells.md, so "re-runs to its committed value" is shown by a file, not a sentence.
+Re-running some rows replaces those rows there and keeps the others with their own dates.
 """
 from __future__ import annotations
 
@@ -112,13 +113,13 @@ def main(argv=None) -> int:
     if args.check:
         print(f"{len(chosen)} rows, {sum(len(r['values']) for r in chosen)} values; {len(bad)} not committed")
         return 1 if bad else 0
-    lines, cpu, worst = [], None, 0.0
+    lines, worst = [], 0.0
+    date = datetime.date.today().isoformat()
     for r in chosen:
         print(f"[recheck] {r['study']}: {r['command']}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             metrics = run(r, Path(tmp) / "run")
         devices = metrics.get("devices", {})
-        cpu = devices.get("cpu", cpu)
         kernels = devices.get("cpu_capability", "?") + "".join(
             f", {k}={v}" for k, v in devices.get("cpu_kernel_env", {}).items())
         for metric, value in today(r, metrics).items():
@@ -128,19 +129,53 @@ def main(argv=None) -> int:
             verdict = "same to the last digit" if delta == 0 else ("within 1e-6" if delta <= 1e-6 else "differs")
             print(f"[recheck]   {metric}: committed {r['values'][metric]}, today {value!r} ({verdict})", flush=True)
             lines.append(f"| {r['study']} | {metric} | {r['values'][metric]} | {value!r} | {delta:.1e} | {verdict} "
-                         f"| {kernels} |")
-    head = [f"# One cell of each study, re-run on {datetime.date.today().isoformat()}", "",
-            "Written by `python experiments/recheck_cells.py`: the commands of experiments/README.md's "
-            "\"Reproducing a cell\" table, each run alone; the committed value is the one quoted there, which the "
-            "script checked is in the study's committed report.json.", "",
-            f"CPU: {cpu}; torch {_torch_version()}. Kernels: the SIMD kernels torch used, and the variables that "
-            "pinned them (experiments/README.md).", "",
-            "| study | metric | committed | today | difference | | kernels |", "|---|---|---|---|---|---|---|"]
-    if not args.studies:
-        Path(args.out).write_text("\n".join(head + lines) + "\n")
-        print(f"[recheck] wrote {Path(args.out).relative_to(ROOT)}")
+                         f"| {kernels} | {date}, {devices.get('cpu', '?')}, torch {_torch_version()} |")
+    out = Path(args.out)
+    kept = [] if not args.studies or not out.exists() else table_rows(out.read_text())
+    text = merged(kept, lines, names)
+    out.write_text(text)
+    print(f"[recheck] wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     print(f"[recheck] largest |Δ| {worst:.1e}; {len(bad)} quoted values not in a committed report")
     return 0 if worst <= 1e-6 and not bad else 1
+
+
+HEAD = ["# One cell of each study, re-run", "",
+        "Written by `python experiments/recheck_cells.py`: the commands of experiments/README.md's \"Reproducing a "
+        "cell\" table, each run alone; the committed value is the one quoted there, which the script checked is in "
+        "the study's committed report.json. A row re-run alone (`recheck_cells.py <study>`) replaces its own rows "
+        "and leaves the others as they were, each with the date, CPU and torch it ran on.", "",
+        "Kernels: the SIMD kernels torch used, and the variables that pinned them (experiments/README.md).", "",
+        "| study | metric | committed | today | difference | | kernels | re-run on |",
+        "|---|---|---|---|---|---|---|---|"]
+
+
+def table_rows(text: str) -> list[str]:
+    """The rows of a recheck_cells.md, each with its date and CPU (a file written before rows had their own takes
+    them from its title and its CPU line)."""
+    date = re.search(r"re-run on (\d{4}-\d{2}-\d{2})", text)
+    cpu = re.search(r"^CPU: ([^;]+);", text, re.M)
+    torch = re.search(r"^CPU: [^;]+; torch (\S+?)\.(?:\s|$)", text, re.M)
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or cells[0] == "study":
+            continue
+        if len(cells) == 7:
+            line = (f"{line.rstrip()} {date[1] if date else '?'}, {cpu[1].strip() if cpu else '?'}, "
+                    f"torch {torch[1] if torch else '?'} |")
+        out.append(line)
+    return out
+
+
+def merged(kept: list[str], new: list[str], order: list[str]) -> str:
+    """recheck_cells.md from the rows kept and the rows re-run now (which replace a kept row of their study),
+    in the order of experiments/README.md's table."""
+    study = lambda line: line.strip("| ").split("|")[0].strip()  # noqa: E731
+    fresh = {study(line) for line in new}
+    rows = [line for line in kept if study(line) not in fresh] + new
+    rank = {name: i for i, name in enumerate(order)}
+    rows.sort(key=lambda line: rank.get(study(line), len(rank)))  # stable: a study's metrics keep their order
+    return "\n".join(HEAD + rows) + "\n"
 
 
 def _torch_version() -> str:

@@ -38,6 +38,27 @@ def test_a_value_off_by_one_digit_is_caught(tmp_path):
     assert recheck.committed(row) == {metric: True}
 
 
+
+def test_rows_re_run_alone_replace_their_own_and_keep_the_others_with_their_dates():
+    """recheck_cells.py <study>: the rows re-run replace that study's rows in recheck_cells.md; the others stay,
+    each with its date, CPU and torch (a file written before rows had their own gives them from its header)."""
+    recheck = _recheck()
+    old = ("# One cell of each study, re-run on 2026-11-20\n\nCPU: Intel Xeon; torch 2.13.0+cpu. Kernels: ...\n\n"
+           "| study | metric | committed | today | difference | | kernels |\n|---|---|---|---|---|---|---|\n"
+           "| norms | val/loss | 2.5 | 2.5 | 0.0e+00 | same to the last digit | AVX512 |\n"
+           "| positions | val/loss | 1.5 | 1.6 | 1.0e-01 | differs | AVX512 |\n"
+           "| positions | slide16@256/loss | 1.4 | 1.5 | 1.0e-01 | differs | AVX512 |\n")
+    kept = recheck.table_rows(old)
+    assert kept[0] == ("| norms | val/loss | 2.5 | 2.5 | 0.0e+00 | same to the last digit | AVX512 "
+                       "| 2026-11-20, Intel Xeon, torch 2.13.0+cpu |")
+    fresh = ["| positions | val/loss | 1.5 | 1.5 | 0.0e+00 | same to the last digit | AVX512 | 2026-11-29, AMD EPYC, "
+             "torch 2.13.0+cpu |", "| qk | val/loss | 1.9 | 1.9 | 0.0e+00 | same to the last digit | AVX512 | "
+             "2026-11-29, AMD EPYC, torch 2.13.0+cpu |"]
+    text = recheck.merged(kept, fresh, ["qk", "norms", "positions"])
+    assert recheck.table_rows(text) == [fresh[1], kept[0], fresh[0]]  # the README's order; both old positions rows gone
+    assert recheck.table_rows(text) == recheck.table_rows(recheck.merged(recheck.table_rows(text), [], ["qk"]))
+
+
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
