@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                          f"| {kernels} | {date}, {devices.get('cpu', '?')}, torch {_torch_version()} |")
     out = Path(args.out)
     kept = [] if not args.studies or not out.exists() else table_rows(out.read_text())
-    text = merged(kept, lines, names)
+    text = merged(kept, lines, table)
     out.write_text(text)
     print(f"[recheck] wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     print(f"[recheck] largest |Δ| {worst:.1e}; {len(bad)} quoted values not in a committed report")
@@ -145,7 +145,7 @@ HEAD = ["# One cell of each study, re-run", "",
         "the study's committed report.json. A row re-run alone (`recheck_cells.py <study>`) replaces its own rows "
         "and leaves the others as they were, each with the date, CPU and torch it ran on.", "",
         "Kernels: the SIMD kernels torch used, and the variables that pinned them (experiments/README.md).", "",
-        "| study | metric | committed | today | difference | | kernels | re-run on |",
+        "| study | metric | committed | re-run | difference | | kernels | re-run on |",
         "|---|---|---|---|---|---|---|---|"]
 
 
@@ -167,15 +167,19 @@ def table_rows(text: str) -> list[str]:
     return out
 
 
-def merged(kept: list[str], new: list[str], order: list[str]) -> str:
-    """recheck_cells.md from the rows kept and the rows re-run now (which replace a kept row of their study),
-    in the order of experiments/README.md's table."""
-    study = lambda line: line.strip("| ").split("|")[0].strip()  # noqa: E731
-    fresh = {study(line) for line in new}
-    rows = [line for line in kept if study(line) not in fresh] + new
-    rank = {name: i for i, name in enumerate(order)}
-    rows.sort(key=lambda line: rank.get(study(line), len(rank)))  # stable: a study's metrics keep their order
-    return "\n".join(HEAD + rows) + "\n"
+def merged(kept: list[str], new: list[str], table: list[dict]) -> str:
+    """recheck_cells.md from the rows kept and the rows re-run now (which replace a kept row of their study), in
+    the order of experiments/README.md's table (``table``: :func:`rows`). A kept row whose study left the table, or
+    whose committed value is no longer the one the table quotes, is dropped: it re-checked something else."""
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    quoted = {(r["study"], metric): text for r in table for metric, text in r["values"].items()}
+    fresh = {cells(line)[0] for line in new}
+    rows_ = [line for line in kept if cells(line)[0] not in fresh
+             and quoted.get((cells(line)[0], cells(line)[1])) == cells(line)[2]]
+    rows_ += new
+    rank = {r["study"]: i for i, r in enumerate(table)}
+    rows_.sort(key=lambda line: rank.get(cells(line)[0], len(rank)))  # stable: a study's metrics keep their order
+    return "\n".join(HEAD + rows_) + "\n"
 
 
 def _torch_version() -> str:

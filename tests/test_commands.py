@@ -279,11 +279,15 @@ def test_a_run_that_predates_a_key_is_adopted_only_where_the_job_leaves_it_at_it
     a = Adopter(tmp_path / "old", default=lambda: job_config)
     assert a.match(job_config) == old  # the job's z_loss is the default: the run trained with it
     assert a.match({**job_config, "task": {**job_config["task"], "z_loss": 1e-4}}) is None
-    assert keys_it_predates({"task": {"name": "x"}}, {"task": {"name": "x", "k": 1}}, {"task": {"name": "y", "k": 1}}) == \
-        ["task.k"]  # another option than the default's: no default stands for the key
+    assert [k for k, *_ in keys_it_predates({"task": {"name": "x"}}, {"task": {"name": "x", "k": 1}},
+                                            {"task": {"name": "y", "k": 1}})] == ["task.k"]  # no option x: no default
+    rms = {"name": "rms", "eps": 1e-6, "eps_placement": "outside"}  # another option than the default's: its own
+    assert [k for k, *_ in keys_it_predates({"norm": {"name": "rms", "eps": 1e-6}}, {"norm": rms},
+                                            {"norm": {"name": "layer", "eps": 1e-5}})] == ["norm.eps_placement"]
+    assert keys_it_predates({"norm": {"name": "rms", "eps": 1e-6}}, {"norm": {**rms, "eps_placement": "inside"}},
+                            {"norm": {"name": "layer", "eps": 1e-5}}) == []
     paused = Job(0, [], tmp_path / "new", "run", cfg=OmegaConf.create({**job_config, "pause_at": 1}))
     assert not a.adopt(paused) and paused.action == "run" and not (tmp_path / "new").exists()
-
 
 
 def test_a_sweep_refuses_a_job_whose_directory_holds_a_run_that_predates_a_key_the_job_sets(tmp_path, monkeypatch):
@@ -306,7 +310,31 @@ def test_a_sweep_refuses_a_job_whose_directory_holds_a_run_that_predates_a_key_t
     assert [j["action"] for j in out["jobs"]] == ["skip", "skip"]
     with pytest.raises(ConfigError, match="2 job directories cannot be used") as e:
         sweep([*base, "seed=1,2", "task.z_loss=1e-4"])
-    assert "task.z_loss: 0.0001 now, not in the run's record" in str(e.value)
+    assert "task.z_loss: 0.0001 now; the run predates the key, so it trained at its default 0.0" in str(e.value)
+
+def test_resume_refuses_a_component_key_the_run_predates_unless_at_its_option_s_default(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """resume=<run>: a key the checkpoint's config never recorded (added to modforge after the run started) may be
+    named only at the default the run trained with, that of its own option (norm=rms here, not the default's)."""
+    import torch
+
+    from modforge.train import main
+
+    monkeypatch.chdir(tmp_path)
+    base = [*TINY, "norm=rms", "trainer.max_steps=2"]
+    main([*base, f"hydra.run.dir={tmp_path / 'a'}"])
+    ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=False)
+    del state["hyper_parameters"]["run_cfg"]["norm"]["eps_placement"]  # as if it had been added after this run
+    torch.save(state, ckpt)
+    more = [*TINY, "norm=rms", "trainer.max_steps=4", f"resume={ckpt}"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*more, "norm.eps_placement=outside", f"hydra.run.dir={tmp_path / 'b'}"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: norm.eps_placement=outside: the run being resumed predates "
+                                              "norm.eps_placement, so it trained at its default 'inside'")
+    main([*more, "norm.eps_placement=inside", f"hydra.run.dir={tmp_path / 'c'}"])
+    assert json.loads((tmp_path / "c" / "metrics.json").read_text())["steps"] == 4
 
 
 def test_a_study_report_counts_and_names_what_it_adopted(tmp_path, monkeypatch):

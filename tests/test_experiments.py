@@ -38,7 +38,6 @@ def test_a_value_off_by_one_digit_is_caught(tmp_path):
     assert recheck.committed(row) == {metric: True}
 
 
-
 def test_rows_re_run_alone_replace_their_own_and_keep_the_others_with_their_dates():
     """recheck_cells.py <study>: the rows re-run replace that study's rows in recheck_cells.md; the others stay,
     each with its date, CPU and torch (a file written before rows had their own gives them from its header)."""
@@ -54,9 +53,15 @@ def test_rows_re_run_alone_replace_their_own_and_keep_the_others_with_their_date
     fresh = ["| positions | val/loss | 1.5 | 1.5 | 0.0e+00 | same to the last digit | AVX512 | 2026-11-29, AMD EPYC, "
              "torch 2.13.0+cpu |", "| qk | val/loss | 1.9 | 1.9 | 0.0e+00 | same to the last digit | AVX512 | "
              "2026-11-29, AMD EPYC, torch 2.13.0+cpu |"]
-    text = recheck.merged(kept, fresh, ["qk", "norms", "positions"])
+    table = [{"study": "qk", "values": {"val/loss": "1.9"}}, {"study": "norms", "values": {"val/loss": "2.5"}},
+             {"study": "positions", "values": {"val/loss": "1.5"}}]
+    text = recheck.merged(kept, fresh, table)
     assert recheck.table_rows(text) == [fresh[1], kept[0], fresh[0]]  # the README's order; both old positions rows gone
-    assert recheck.table_rows(text) == recheck.table_rows(recheck.merged(recheck.table_rows(text), [], ["qk"]))
+    assert recheck.table_rows(recheck.merged(recheck.table_rows(text), [], table)) == recheck.table_rows(text)
+    # a kept row whose study left the table, or whose committed value the table no longer quotes, is dropped
+    table[1]["values"] = {"val/loss": "2.6"}
+    assert recheck.table_rows(recheck.merged(recheck.table_rows(text), [], table)) == [fresh[1], fresh[0]]
+    assert recheck.table_rows(recheck.merged(recheck.table_rows(text), [], table[:1])) == [fresh[1]]
 
 
 def _script(name: str):

@@ -95,7 +95,6 @@ def test_a_directory_holding_another_configuration_is_refused_and_left_alone(tmp
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
-
 def test_a_run_that_predates_a_key_is_this_configuration_only_where_the_key_is_at_its_default(tmp_path):
     """Compared both ways: a key the saved run never recorded (added to modforge after it ran) stands for today's
     default, so the run is taken as this configuration only where the command leaves the key there; set off it,
@@ -110,7 +109,8 @@ def test_a_run_that_predates_a_key_is_this_configuration_only_where_the_key_is_a
     del recorded["task"]["z_loss"]  # as if z_loss had been added after this run
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(RunDirTaken, match=r"another configuration \(task.z_loss: 0.0001 now, not in the run's record"):
+    with pytest.raises(RunDirTaken, match=r"another configuration \(task.z_loss: 0.0001 now; the run predates the key, so it trained "
+                                         r"at its default 0.0\)"):
         run(compose([*base, "task.z_loss=1e-4"]), tmp_path)
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
     assert run(compose(base), tmp_path)["status"] == "finished"  # at the default: the same run, nothing retrained

@@ -193,5 +193,18 @@ def to_plain(cfg: DictConfig) -> dict:
 
 def default_config() -> dict:
     """Today's default run config, as a run records it: what a run that predates a key trained with there
-    (:func:`modforge.run.dirs.run_difference`)."""
-    return to_plain(compose_job([]))
+    (:func:`modforge.run.dirs.run_difference`). modforge's own primary config, whatever the command's
+    ``--config-name``: the defaults a run falls back on are modforge's."""
+    from hydra import compose as h_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    load()
+    ctx = contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
+        initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name=JOB_NAME)
+    try:
+        with ctx, composing():
+            return to_plain(h_compose("train", overrides=[]))
+    except registry.ConfigError as e:
+        raise registry.ConfigError(f"cannot compose modforge's default config to compare a saved run's with ({e})") \
+            from None

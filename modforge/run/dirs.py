@@ -191,40 +191,60 @@ def config_difference(saved: dict, new: dict, limit: int = 3) -> list[str]:
     return out
 
 
-def keys_it_predates(recorded: Any, config: Any, default: Any, key: str = "") -> list[str]:
-    """The keys (dotted) of ``config`` that ``recorded`` lacks and whose value is not today's ``default`` there:
-    [] when a run that predates them trained as ``config`` would. A component's key counts as at its default only
-    under the default's own option; ``default=None``: every key the record lacks."""
+ABSENT = object()  # no value: a key a config does not have
+
+
+def option_default(kind: str, name: Any) -> Any:
+    """Today's defaults of option ``name`` of a top-level kind, as a run records them (``{name, **params}``), or
+    None where there is no such option (a part of the model, an option of a plugin that is not loaded)."""
+    from modforge import registry
+
+    if kind not in registry.group_kinds() or not isinstance(name, str):
+        return None
+    try:
+        entry = registry.get(kind, name)
+    except ModforgeError:  # not registered (here)
+        return None
+    from omegaconf import OmegaConf
+
+    return {"name": name, **OmegaConf.to_container(OmegaConf.structured(entry.config), resolve=False)}
+
+
+def keys_it_predates(recorded: Any, config: Any, default: Any, key: str = "") -> list[tuple]:
+    """[(dotted key, value, default or ABSENT)] of each key of ``config`` that ``recorded`` lacks and whose value
+    is not today's ``default`` there: [] when a run that predates the keys trained as ``config`` would. Under a
+    component whose option is not the default's, the default is that option's own (:func:`option_default`);
+    ``default=None``: every key the record lacks, whatever its value."""
     if key in CONTROL_KEYS or key in HOW_KEYS or not isinstance(config, dict) or not isinstance(recorded, dict):
         return []
-    if not isinstance(default, dict) or ("name" in config and config.get("name") != default.get("name")):
-        default = None  # another option than the default's: a key it lacks has no default to stand for it
+    if isinstance(default, dict) and "name" in config and config.get("name") != default.get("name"):
+        default = option_default(key, config.get("name"))  # another option than the default's: its own defaults
     out = []
     for k, v in config.items():
         sub = f"{key}.{k}" if key else k
         if sub in CONTROL_KEYS or sub in HOW_KEYS:
             continue
-        if k not in recorded:
-            if default is None or k not in default or default[k] != v:
-                out.append(sub)
-        else:
-            out += keys_it_predates(recorded[k], v, default.get(k) if default else None, sub)
+        there = default.get(k, ABSENT) if isinstance(default, dict) else ABSENT
+        if k in recorded:
+            out += keys_it_predates(recorded[k], v, there if there is not ABSENT else None, sub)
+        elif isinstance(v, dict) and v:  # a whole block the run predates: key by key (some may be how-keys)
+            out += keys_it_predates({}, v, there if there is not ABSENT else None, sub)
+        elif default is None or there is ABSENT or there != v:
+            out.append((sub, v, there))
     return out
 
 
 def run_difference(saved: dict, new: dict, default_of: Callable[[], dict], limit: int = 3) -> list[str]:
     """:func:`config_difference` both ways: also each key of ``new`` that the saved run never recorded (a key added
     to modforge after it ran) and that ``new`` sets off today's default (``default_of()``, composed only when the
-    record lacks a key), since the run trained at that default."""
+    record lacks a key; under another option than the default's, that option's own defaults), since the run
+    trained at that default."""
     out = config_difference(saved, new, limit)
     if out or not keys_it_predates(saved or {}, new or {}, None):
         return out
-    for k in keys_it_predates(saved or {}, new or {}, default_of())[:limit]:
-        value: Any = new
-        for part in k.split("."):
-            value = value[part]
-        out.append(f"{k}: {value!r} now, not in the run's record (it predates the key; only the default of the "
-                   "option it ran matches)")
+    for k, value, default in keys_it_predates(saved or {}, new or {}, default_of())[:limit]:
+        was = f"its default {default!r}" if default is not ABSENT else "a default modforge no longer knows"
+        out.append(f"{k}: {value!r} now; the run predates the key, so it trained at {was}")
     return out
 
 

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from modforge import registry
 from modforge.checkpoints.files import check_training_state, find_checkpoint, init_config, read_checkpoint
-from modforge.run.dirs import CONTROL_KEYS, FINAL, RESUME_FREE_KEYS, read_state
+from modforge.run.dirs import ABSENT, CONTROL_KEYS, FINAL, RESUME_FREE_KEYS, option_default, read_state
 
 def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt: Optional[dict] = None,
                    finished_ok: bool = False) -> DictConfig:
@@ -36,7 +36,8 @@ def resumed_config(cfg: DictConfig, resume: str, user_keys: Optional[list], ckpt
         if head not in groups or key in RESUME_FREE_KEYS:
             continue
         if "." in key and OmegaConf.select(OmegaConf.create(saved), key, default="<absent>") == "<absent>":
-            continue  # a key the saved run did not have yet (its default then): nothing to compare
+            predated(key, cfg, saved, resume)  # a key the saved run did not have yet: it trained at its default
+            continue
         now = OmegaConf.select(cfg, key if "." in key else f"{key}.name")
         was = OmegaConf.select(OmegaConf.create(saved), key if "." in key else f"{key}.name")
         if now != was and not (isinstance(now, (DictConfig,)) and OmegaConf.to_container(now) == was):
@@ -106,6 +107,23 @@ def carried(saved: Any, cfg: DictConfig, source: str) -> dict:
 def resume_path(value: Any) -> Optional[str]:
     """``resume=``: a checkpoint file, or a run directory (its ``checkpoints/last.ckpt``); None for a fresh run."""
     return None if value in (None, "", False) else str(find_checkpoint("resume", value))
+
+def predated(key: str, cfg: DictConfig, saved: dict, resume: str) -> None:
+    """A component key the resumed run never recorded (added to modforge after it started): the command may name
+    it only at the default the run trained with, that of the run's own option (one line otherwise)."""
+    head, rest = key.split(".", 1)
+    default: Any = option_default(head, (saved.get(head) or {}).get("name"))
+    for part in rest.split("."):
+        default = default.get(part, ABSENT) if isinstance(default, dict) else ABSENT
+    now = OmegaConf.select(cfg, key)
+    now = OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
+    if default is ABSENT or now != default:
+        was = f"its default {default!r}" if default is not ABSENT else "a default modforge no longer knows"
+        raise registry.ConfigError(
+            f"{key}={now}: the run being resumed predates {key}, so it trained at {was}; a resumed run keeps its "
+            "model, data, tokenizer, task and optimizer. To train a changed configuration, start a new run "
+            "without resume=")
+
 
 def unrecorded(ckpt: Any) -> bool:
     """Whether ``ckpt`` is the ``last.ckpt`` of a run that never wrote its final record (killed after its last
