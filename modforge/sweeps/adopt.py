@@ -5,8 +5,8 @@
 skips or resumes it (:func:`modforge.run.dirs.run_difference`), ignoring the keys that say how a command runs and
 not what a run trains (progress bars, logging, the study block: :data:`modforge.run.dirs.HOW_KEYS`): every key the
 ended run recorded has the job's value, and every key of the job's that the run did not record (a key added to
-modforge after it ran) is at today's default, the value the run trained with; a job that sets such a key to
-anything else, or to a key of a component whose default is not the job's option, adopts nothing. A job that is to
+modforge after it ran) is at today's default, the value the run trained with (for a component's key, the
+default of the run's own option); a job that sets such a key to anything else adopts nothing. A job that is to
 pause (``pause_at``: successive halving ranks runs at a step) adopts nothing either.
 
 A run re-run from its config on one machine gives its recorded values to the last digit (``experiments/README.md``,
