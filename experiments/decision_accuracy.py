@@ -19,13 +19,23 @@ ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 
 
+# a study amended after its results (a second, labelled design of the same question: experiments/README.md) counts
+# once, as its amendment, when the amendment's report is committed: the same arms and rungs counted twice would
+# weigh one question double, and the first design's flaws are what the amendment mends
+AMENDED = {"ladder_norms": "ladder_norms_bracket"}
+
+
 def reports() -> dict:
-    """{study: its report} for each committed study report with verdicts at two or more rungs."""
+    """{study: its report} for each committed study report with verdicts at two or more rungs (a study whose
+    amendment is committed: the amendment only)."""
     out = {}
     for p in sorted(RESULTS.glob("*/study/report.json")):
+        study = p.parent.parent.name
+        if study in AMENDED and (RESULTS / AMENDED[study] / "study" / "report.json").exists():
+            continue
         rec = json.loads(p.read_text())
         if len({v["rung"] for v in rec.get("verdicts", [])}) >= 2:
-            out[p.parent.parent.name] = rec
+            out[study] = rec
     return out
 
 
@@ -102,12 +112,17 @@ def pct(a: int, n: int) -> str:
     return f"{a} of {n}" + (f" ({100 * a / n:.0f}%)" if n else "")
 
 
+def amended(rs: list) -> str:
+    counted = [f"{a} as {b}" for a, b in AMENDED.items() if any(r["study"] == b for r in rs)]
+    return f"; a study amended after its results counts once, as its amendment: {', '.join(counted)}" if counted else ""
+
+
 def markdown(rs: list) -> str:
     s = summary(rs)
     fmt = lambda w, e: f"{w} ({e:+.4f})" if e is not None else w  # noqa: E731
     lines = ["# Decision accuracy: do small rungs give the largest rung's verdict?", "",
              "Written by `python experiments/decision_accuracy.py` from every committed study report run at more "
-             "than one rung (rungs where an arm is the baseline's own model are left out).", "",
+             "than one rung (rungs where an arm is the baseline's own model are left out" + amended(rs) + ").", "",
              f"- Same verdict as the largest rung: **{pct(s['same_verdict'], s['pairs'])}** of the smaller rungs' "
              "verdicts.",
              f"- Where both are decided (neither inconclusive): {pct(s['decisive_same'], s['decisive_pairs'])}.",

@@ -119,6 +119,21 @@ def test_the_committed_decision_accuracy_table_is_what_its_script_writes_from_th
     assert "\n".join(da.groups_table(rows)) in readme  # the summary quoted there, line for line
 
 
+
+def test_a_study_amended_after_its_results_counts_once_as_its_amendment(tmp_path, monkeypatch):
+    import json
+
+    da = _script("decision_accuracy")
+    rec = {"verdicts": [{"arm": "norm=rms", "rung": r, "verdict": "inconclusive"} for r in ("a", "b")]}
+    for study in ("ladder_norms", "other"):
+        (tmp_path / study / "study").mkdir(parents=True)
+        (tmp_path / study / "study" / "report.json").write_text(json.dumps(rec))
+    monkeypatch.setattr(da, "RESULTS", tmp_path)
+    assert set(da.reports()) == {"ladder_norms", "other"}  # no amendment committed: the first design counts
+    (tmp_path / "ladder_norms_bracket" / "study").mkdir(parents=True)
+    (tmp_path / "ladder_norms_bracket" / "study" / "report.json").write_text(json.dumps(rec))
+    assert set(da.reports()) == {"ladder_norms_bracket", "other"}
+
 @pytest.mark.slow
 def test_the_checked_write_ups_quote_only_figures_found_in_committed_files():
     """experiments/check_numbers.py (issue 51, item 7) on the write-ups it holds: every precise figure (three or
