@@ -10,6 +10,7 @@ basic sweeper's order), each job composed, validated, and its directory read (:f
 * invalid jobs are all named at once and the sweep does not start, or with ``skip_invalid=true`` are left out.
 
 Mistakes are one line each (:class:`~modforge.errors.ConfigError`), before any job has trained."""
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -62,7 +63,7 @@ def plan_sweep(plan: Plan, arguments: list, loader: Any, here: bool = True) -> P
         check_subdir(cfg, len(jobs))
     slots = slot_count(cfg.hydra.launcher)  # hydra/launcher=gpus: its devices
     retry = bool(cfg.get("retry_failed", False))
-    default = _Once(default_config)  # composed only if a job's directory holds a run that predates a key
+    default = functools.cache(default_config)  # composed once, and only for a run that predates a key
     bad = []
     for num, job in enumerate(jobs):
         try:
@@ -150,18 +151,6 @@ def _as(job: Job, action: str, why: str) -> Job:
 
 def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
-class _Once:
-    """A function's value, computed on the first call and kept."""
-
-    def __init__(self, fn: Any):
-        self.fn, self.value, self.done = fn, None, False
-
-    def __call__(self) -> Any:
-        if not self.done:
-            self.value, self.done = self.fn(), True
-        return self.value
 
 
 def job_config(cfg: Any) -> dict:
