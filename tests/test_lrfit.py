@@ -209,3 +209,51 @@ def test_the_interval_with_tuning_variance_covers_the_difference_of_the_arms_bes
 
 if __name__ == "__main__":  # the figures docs/studies.md quotes
     print("coverage with tuning variance", coverage(1000, True), "without", coverage(1000, False))
+
+
+def test_a_chosen_slice_at_the_longest_warm_up_is_unbracketed_extended_by_a_whole_slice_and_not_compared():
+    """A grid of a rate and a warm-up: the rate is fitted in each warm-up slice and the best slice chosen. A slice
+    at the grid's longest warm-up is not bracketed: the runner adds a whole slice one step past it (every rate of
+    the grid) and, after the extensions, gives that comparison no verdict; no warm-up (0) is the end of its range,
+    not of a grid, and a slice inside the grid is bracketed."""
+    from modforge.studies import rounds
+    from modforge.studies.design import design_of
+    from modforge.studies.runner import extension_settings
+
+    wkey, warmups = "scheduler.warmup_steps", [0, 150, 500, 1000]
+
+    def grid_runs(best_warmup, rng):
+        curves, known = {}, {}
+        for arm in ("residual=pre", "residual=post"):
+            res = {}
+            for lr in GRID:
+                for w in warmups:
+                    s = {KEY: lr, wkey: w}
+                    known[tuning.key_of(s)] = s
+                    cost = 0.05 * abs(math.log2((w + 50) / (best_warmup + 50)))  # the slice's own offset
+                    res[tuning.key_of(s)] = [2 + cost + 0.06 * (math.log2(lr / 0.004)) ** 2 + rng.gauss(0, 0.003)
+                                             for _ in (1, 2)]
+            curves[(arm, "")] = res
+        return curves, known
+
+    d = design_of("x", [], {"question": "q?", "baseline": "residual=pre", "compare": ["residual=post"],
+                            "tune": {"params": {KEY: GRID, wkey: warmups}, "seeds": [1, 2], "extend": 1}})
+    rng = random.Random(8)
+    curves, known = grid_runs(1000, rng)
+    fits = lrfit.fit_all(curves, known, KEY, draws=20)
+    ch = fits[("residual=post", "")]
+    assert ch.setting[wkey] == 1000 and ch.valley.bracketed and ch.slice_edges() == {wkey: "high"}
+    grids = {ar: {KEY: list(GRID), wkey: list(warmups)} for ar in curves}
+    got = rounds.extensions(d, curves, known, grids)
+    assert got[("residual=post", "")] == [{wkey: 2000, KEY: lr} for lr in GRID]  # 1000 x 1000 / 500: a whole slice
+    why = rounds.unbracketed(d, fits)
+    assert why[("residual=post", "")].startswith("baseline unbracketed: its best scheduler.warmup_steps is the "
+                                                 "highest tried (1000) after 1 extension(s)")
+    assert lrfit.record(ch, KEY)["slice_edges"] == {wkey: "high"}
+    for inside in (0, 500):  # no warm-up: the end of its range; 500: inside the grid
+        curves, known = grid_runs(inside, rng)
+        fits = lrfit.fit_all(curves, known, KEY, draws=20)
+        assert {ar: ch.setting[wkey] for ar, ch in fits.items()} == {ar: inside for ar in fits}
+        assert not any(ch.slice_edges() for ch in fits.values())
+        assert rounds.extensions(d, curves, known, grids) == {} and rounds.unbracketed(d, fits) == {}
+    assert extension_settings(d) == 1 + len(GRID)  # the plan's most: one rate past an edge and one whole slice

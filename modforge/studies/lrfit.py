@@ -27,7 +27,9 @@ For every arm and rung, over every finished tuning run (x = log2 of the rate):
   interval (a verdict between two arms is then about the arms, not about two noise-picked rates).
 
 A grid of several keys (a rate and a warm-up) is fitted along the rate for each value of the others; the
-slice with the lowest fitted loss at its chosen rate is the arm's.
+slice with the lowest fitted loss at its chosen rate is the arm's. A chosen slice at an end of the others' values
+(the longest warm-up tried) is not bracketed either (:meth:`Choice.slice_edges`): the runner extends it by a whole
+slice and otherwise gives no verdict, as for the rate.
 """
 import math
 import random
@@ -330,6 +332,29 @@ class Choice:
     def lr(self) -> float:
         return 2 ** self.valley.x
 
+    def slice_edges(self) -> dict:
+        """{key: "low" | "high"} for each key of the grid besides the rate (a warm-up) whose chosen value is at an
+        end of the values its slices tried: that optimum is not bracketed either. A low end of 0 is the end of the
+        key's range (no warm-up, no decay), not of a grid, and is not flagged; a key whose values are not numbers
+        has no ends."""
+        if self.setting is None:
+            return {}
+        here = next((o for o, v in self.slices.values() if v is self.valley), {})
+        out = {}
+        for k, value in here.items():
+            try:
+                tried = sorted({float(o[k]) for o, _ in self.slices.values()})
+                v = float(value)
+            except (TypeError, ValueError, KeyError):
+                continue
+            if len(tried) < 2:
+                continue
+            if math.isclose(v, tried[-1], rel_tol=1e-9):
+                out[k] = "high"
+            elif math.isclose(v, tried[0], rel_tol=1e-9) and v != 0:
+                out[k] = "low"
+        return out
+
 
 def fit_all(curves: dict, known: dict, key: str, better: str = "min", spike: float = SPIKE,
             fail_level: float = FAIL_LEVEL, delta: float = 0.02, draws: int = BOOTSTRAPS) -> dict:
@@ -424,6 +449,7 @@ def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> 
             "basin_width": 2 ** (v.basin[1] - v.basin[0]) if v.fitted else math.nan,
             "minimum": sign * v.m, "at_lr": sign * v.value(v.x) if v.fitted else math.nan,
             "p_fail": v.p_fail, "failure_evidence": v.evidence, "moved": v.moved, "bracketed": v.bracketed, "edge": v.edge, "stable": v.stable,
+            "slice_edges": ch.slice_edges(),
             "tuning_sd": v.tuning_sd, "note": v.note, "carried": carried,
             # the metric = m + a (log2 rate - c)^2 over the window of rates it was fitted on
             "valley": {"a": sign * v.a, "c": v.c, "m": sign * v.m, "window": [rate(v.window[0]), rate(v.window[1])]},

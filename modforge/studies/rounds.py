@@ -88,7 +88,7 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
         if d.rule == "fit":
             v = fits[(a, r)].valley
             chosen[(a, r)] = fits[(a, r)].setting
-            edge[(a, r)] = {} if v.bracketed or v.edge is None else {d.fit["key"]: v.edge}
+            edge[(a, r)] = ({} if v.bracketed or v.edge is None else {d.fit["key"]: v.edge}) | fits[(a, r)].slice_edges()
             continue
         best = tuning.choose(results, d.better, known, d.cliff)
         plain = tuning.choose(results, d.better)
@@ -210,19 +210,23 @@ def halve(d: Design, stage: Path, cells: list, plan: Plan, clock: StageClock) ->
 
 def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:
     """{(arm, rung): [settings]}: one grid step past each edge optimum (rule: fit, also below the grid of an arm
-    with no rate under its failure level), that is not tested yet."""
+    with no rate under its failure level, and a whole slice at the grid's rates past a chosen slice at an end of
+    another key, e.g. the longest warm-up tried), that is not tested yet."""
     out: dict = {}
     if d.rule == "fit":
         key = d.fit["key"]
         for (a, r), ch in lrfit.fit_all(curves, known, better=d.better, draws=0, **d.fit).items():
             v = ch.valley
-            side = "low" if not v.stable else (v.edge if not v.bracketed else None)
-            if side is None:
-                continue
             others = next((o for o, sv in ch.slices.values() if sv is v), {})
-            value = tuning.beyond(grids[(a, r)][key], side)
+            side = "low" if not v.stable else (v.edge if not v.bracketed else None)
+            value = tuning.beyond(grids[(a, r)][key], side) if side else None
             if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][key]):
                 out[(a, r)] = [{**others, key: value}]
+            for k, side in ch.slice_edges().items():  # the chosen slice at an end of another key: a whole slice past it
+                value = tuning.beyond(grids[(a, r)][k], side)
+                if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][k]):
+                    out.setdefault((a, r), []).extend({**others, k: value, key: rate}
+                                                      for rate in sorted(grids[(a, r)][key], key=float))
         return out
     for (a, r), results in curves.items():
         best = tuning.choose(results, d.better, known, d.cliff)
@@ -351,6 +355,10 @@ def unbracketed(d: Design, fits: dict) -> dict:
             return (f"{role} unbracketed: its best {key} is the {'lowest' if v.edge == 'low' else 'highest'} tried "
                     f"({end:.4g}) after {d.extend} extension(s); extend study.tune.params.{key} "
                     f"{'below' if v.edge == 'low' else 'above'} it (or raise study.tune.extend)")
+        for k, side in ch.slice_edges().items():
+            return (f"{role} unbracketed: its best {k} is the {'lowest' if side == 'low' else 'highest'} tried "
+                    f"({ch.setting[k]}) after {d.extend} extension(s); extend study.tune.params.{k} "
+                    f"{'below' if side == 'low' else 'above'} it (or raise study.tune.extend)")
         return None
 
     out = {}

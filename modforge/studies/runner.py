@@ -77,19 +77,20 @@ def make_plan(d: Design, p: dict) -> Plan:
     carried = [(a, r) for r in d.rungs if r not in d.tuned_rungs for a in d.arms] if d.carry else []  # (every arm alike)
     n_check = len(d.carry["check"]) if d.carry else 0
     n_carry_ext = d.carry.get("extend", 0) if d.carry else 0
+    n_ext = extension_settings(d)
     plan.runs = {"tune": len(tuned) * n_set * ts + len(carried) * n_check * ts,
-                 "extend": len(tuned) * d.extend * len(d.grid) * ts + len(carried) * n_carry_ext * ts,
+                 "extend": len(tuned) * n_ext * ts + len(carried) * n_carry_ext * ts,
                  "compare_min": len(each) * d.seeds["min"], "compare_max": len(each) * d.seeds["max"]}
     h = halving.schedule(d)
     share = halving.expected_share(h, n_set) if h else 1.0  # halving: the least its tuning round trains
     tune_s = sum(seconds[k] for k in tuned) * n_set * ts
     check_s = sum(seconds[k] for k in carried) * n_check * ts  # never halved
-    ext_s = sum(seconds[k] for k in tuned) * d.extend * len(d.grid) * ts + \
+    ext_s = sum(seconds[k] for k in tuned) * n_ext * ts + \
         sum(seconds[k] for k in carried) * n_carry_ext * ts
     lo_s = sum(seconds[k] for k in each) * d.seeds["min"]
     hi_s = sum(seconds[k] for k in each) * d.seeds["max"]
     tune_f = sum(flops[k] for k in tuned) * n_set * ts + sum(flops[k] for k in carried) * n_check * ts
-    ext_f = sum(flops[k] for k in tuned) * d.extend * len(d.grid) * ts + \
+    ext_f = sum(flops[k] for k in tuned) * n_ext * ts + \
         sum(flops[k] for k in carried) * n_carry_ext * ts
     plan.total_flops = {"least": tune_f + sum(flops[k] for k in each) * d.seeds["min"],
                         "most": tune_f + ext_f + sum(flops[k] for k in each) * d.seeds["max"]}
@@ -102,6 +103,18 @@ def make_plan(d: Design, p: dict) -> Plan:
                                 plan.startup) / 3600,
                   "most": wall(tune_s + check_s + ext_s + hi_s, most_runs, stages_hi, d.jobs, plan.startup) / 3600}
     return plan
+
+
+def extension_settings(d: Design) -> int:
+    """The most settings an arm-rung's edge extensions add: one per key per extension under the best-mean rule;
+    under rule: fit, one rate past the edge and, for each other key (a warm-up) whose chosen slice is at an end, a
+    whole slice at the grid's rates (grown by at most one per extension before)."""
+    if not d.grid or not d.extend:
+        return 0
+    if d.rule != "fit":
+        return d.extend * len(d.grid)
+    rates = len(d.grid.get(d.fit["key"], ()))
+    return sum(1 + (len(d.grid) - 1) * (rates + i) for i in range(d.extend))
 
 
 def config_steps(d: Design) -> tuple:

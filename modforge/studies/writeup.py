@@ -185,6 +185,8 @@ def fit_section(d: Design, rec: dict) -> list:
         notes = [n for n in ("carried up from the smallest rung" if f["carried"] else "",
                              "moved down by the failure model" if f["moved"] else "",
                              f"unbracketed ({f['edge']} end)" if not f["bracketed"] else "",
+                             ", ".join(f"{k}={f['setting'][k]} unbracketed ({side} end)"
+                                       for k, side in (f.get("slice_edges") or {}).items()),
                              "no stable rate" if not f["stable"] else "",
                              "no failure seen: P(failure) is the prior's" if f.get("failure_evidence", 1) < 0.5 else "",
                              f["note"]) if n]
