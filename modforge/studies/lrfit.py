@@ -7,8 +7,9 @@ For every arm and rung, over every finished tuning run (x = log2 of the rate):
   least the nearest one on each side. A local quadratic, not a global curve: near its minimum any smooth loss
   is one, it needs three rates, and it moves little when one run moves (issue 47: at most 8% between two
   runs of one study, where the argmin jumped a whole 2x step). A spike weighs 1 - w in it, w being how surely
-  it spiked; a rate where a run failed or spiked (w > 0.5) is never the best rate. Not convex (a <= 0) or fewer than three rates: no fit; the best mean's rate
-  stands.
+  it spiked; a rate where a run failed or spiked (w > 0.5) is never the best rate, and a rate where a run failed
+  is left out of the fit (a twin that finished there ended on the cliff). Not convex (a <= 0) or fewer than three
+  rates: no fit; the best mean's rate stands.
 * **lr\\***: the valley's argmin c inside the rates it was fitted on; the **basin**: the rates where the valley is
   within ``basin`` (default: the study's margin, else 0.02) of its minimum; the **bracket**: the best mean's rate
   is neither the lowest nor the highest tested (else the optimum is not known to be inside the grid).
@@ -136,11 +137,15 @@ def valley(points: list, spike: float = SPIKE, noise: float = NOISE) -> Valley:
 
 
 def _fit(v: Valley) -> None:
-    ok = sorted({x for x, y, _ in v.points if math.isfinite(y)})
+    # a rate where a run failed is not in the valley: the runs that finished there show the cliff (a twin of a
+    # collapsed run can end just short of the collapse threshold), not the floor; the failure model counts it
+    failing = {x for x, y, _ in v.points if not math.isfinite(y)}
+    ok = sorted({x for x, y, _ in v.points if math.isfinite(y)} - failing)
     below, above = [x for x in ok if x < v.best_x], [x for x in ok if x > v.best_x]
     lo = min([x for x in below if x >= v.best_x - WINDOW] + below[-1:], default=v.best_x)
     hi = max([x for x in above if x <= v.best_x + WINDOW] + above[:1], default=v.best_x)
-    use = [(x, y, 1 - w) for (x, y, _), w in zip(v.points, v.weights) if math.isfinite(y) and lo <= x <= hi]
+    use = [(x, y, 1 - w) for (x, y, _), w in zip(v.points, v.weights)
+           if math.isfinite(y) and x not in failing and lo <= x <= hi]
     got = quadratic([x for x, _, _ in use], [y for _, y, _ in use], [w for _, _, w in use])
     if got is None:
         v.note = v.note or "no valley through the best rate and its neighbours: the best mean's rate"
