@@ -22,7 +22,9 @@ RESULTS = ROOT / "results"
 # a study amended after its results (a second, labelled design of the same question: experiments/README.md) counts
 # once, as its amendment, when the amendment's report is committed: the same arms and rungs counted twice would
 # weigh one question double, and the first design's flaws are what the amendment mends
-AMENDED = {"ladder_norms": "ladder_norms_bracket"}
+AMENDED = {"ladder_norms": "ladder_norms_bracket",
+           # prepost_ln_bracket is prepost_ln's third design (issue 51, item 4), prepost_ln_refit its amendment
+           "prepost_ln": "prepost_ln_bracket", "prepost_ln_bracket": "prepost_ln_refit"}
 
 
 def reports() -> dict:
