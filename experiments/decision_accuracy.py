@@ -114,8 +114,15 @@ def pct(a: int, n: int) -> str:
     return f"{a} of {n}" + (f" ({100 * a / n:.0f}%)" if n else "")
 
 
+def final(study: str) -> str:
+    """The last committed amendment of ``study`` (itself if none), along AMENDED's chain."""
+    while study in AMENDED and (RESULTS / AMENDED[study] / "study" / "report.json").exists():
+        study = AMENDED[study]
+    return study
+
+
 def amended(rs: list) -> str:
-    counted = [f"{a} as {b}" for a, b in AMENDED.items() if any(r["study"] == b for r in rs)]
+    counted = [f"{a} as {final(a)}" for a in AMENDED if final(a) != a and any(r["study"] == final(a) for r in rs)]
     return f"; a study amended after its results counts once, as its amendment: {', '.join(counted)}" if counted else ""
 
 
