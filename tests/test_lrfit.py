@@ -258,6 +258,13 @@ def test_a_chosen_slice_at_the_longest_warm_up_is_unbracketed_extended_by_a_whol
         assert not any(ch.slice_edges() for ch in fits.values())
         assert rounds.extensions(d, curves, known, grids) == {} and rounds.unbracketed(d, fits) == {}
     assert extension_settings(d) == 1 + len(GRID)  # the plan's most: one rate past an edge and one whole slice
+    # a slice that halving stopped whole (no finished run at warm-up 1000) is still a warm-up tried: 500 is inside
+    curves, known = grid_runs(500, rng)
+    for ar in curves:
+        curves[ar] = {k: v for k, v in curves[ar].items() if known[k][wkey] != 1000}
+    ch = lrfit.fit_all(curves, known, KEY, draws=0)[("residual=post", "")]
+    assert ch.setting[wkey] == 500 and ch.slice_edges() == {wkey: "high"} and ch.slice_edges(grids[ar]) == {}
+    assert rounds.extensions(d, curves, known, grids) == {} and rounds.unbracketed(d, lrfit.fit_all(curves, known, KEY, draws=0)) == {}
 
 
 def test_a_rate_where_a_run_failed_is_left_out_of_the_valley():

@@ -136,16 +136,21 @@ def valley(points: list, spike: float = SPIKE, noise: float = NOISE) -> Valley:
     return v
 
 
-def _fit(v: Valley) -> None:
-    # a rate where a run failed is not in the valley: the runs that finished there show the cliff (a twin of a
-    # collapsed run can end just short of the collapse threshold), not the floor; the failure model counts it
+def _in_valley(v: Valley, lo: float = -math.inf, hi: float = math.inf) -> list:
+    """[(x, y, weight)]: the runs the valley is fitted on, between ``lo`` and ``hi``. A rate where a run failed is
+    not in it: the runs that finished there show the cliff (a twin of a collapsed run can end just short of the
+    collapse threshold), not the floor; the failure model counts it."""
     failing = {x for x, y, _ in v.points if not math.isfinite(y)}
-    ok = sorted({x for x, y, _ in v.points if math.isfinite(y)} - failing)
+    return [(x, y, 1 - w) for (x, y, _), w in zip(v.points, v.weights)
+            if math.isfinite(y) and x not in failing and lo <= x <= hi]
+
+
+def _fit(v: Valley) -> None:
+    ok = sorted({x for x, _, _ in _in_valley(v)})
     below, above = [x for x in ok if x < v.best_x], [x for x in ok if x > v.best_x]
     lo = min([x for x in below if x >= v.best_x - WINDOW] + below[-1:], default=v.best_x)
     hi = max([x for x in above if x <= v.best_x + WINDOW] + above[:1], default=v.best_x)
-    use = [(x, y, 1 - w) for (x, y, _), w in zip(v.points, v.weights)
-           if math.isfinite(y) and x not in failing and lo <= x <= hi]
+    use = _in_valley(v, lo, hi)
     got = quadratic([x for x, _, _ in use], [y for _, y, _ in use], [w for _, _, w in use])
     if got is None:
         v.note = v.note or "no valley through the best rate and its neighbours: the best mean's rate"
@@ -291,8 +296,8 @@ def tuning_variance(valleys: dict, draws: int = BOOTSTRAPS, seed: int = 0, noise
             v.low = v.high = v.x
             continue
         lo, hi = v.window
-        use = [(x, 1 - w) for (x, y, _), w in zip(v.points, v.weights) if math.isfinite(y) and lo <= x <= hi]
-        xs, ws = [x for x, _ in use], [w for _, w in use]
+        use = _in_valley(v, lo, hi)  # the runs the valley was fitted on
+        xs, ws = [x for x, _, _ in use], [w for _, _, w in use]
         chosen, costs = [], []
         for _ in range(draws):
             got = quadratic(xs, [v.value(x) + rng.gauss(0.0, sd) for x in xs], ws)
@@ -337,20 +342,24 @@ class Choice:
     def lr(self) -> float:
         return 2 ** self.valley.x
 
-    def slice_edges(self) -> dict:
+    def slice_edges(self, grid: Optional[dict] = None) -> dict:
         """{key: "low" | "high"} for each key of the grid besides the rate (a warm-up) whose chosen value is at an
-        end of the values its slices tried: that optimum is not bracketed either. A low end of 0 is the end of the
-        key's range (no warm-up, no decay), not of a grid, and is not flagged; a key whose values are not numbers
-        has no ends."""
+        end of the values tried (its slices', and ``grid``'s: {key: values}, so that a slice halving stopped whole
+        still counts): that optimum is not bracketed either. A low end of 0 is the end of the key's range (no
+        warm-up, no decay), not of a grid, and is not flagged; a key whose values are not numbers (or are
+        booleans) has no ends."""
         if self.setting is None:
             return {}
         here = next((o for o, v in self.slices.values() if v is self.valley), {})
         out = {}
         for k, value in here.items():
+            values = [o.get(k) for o, _ in self.slices.values()] + list((grid or {}).get(k, ()))
+            if isinstance(value, bool) or any(isinstance(x, bool) for x in values):
+                continue
             try:
-                tried = sorted({float(o[k]) for o, _ in self.slices.values()})
+                tried = sorted({float(x) for x in values})
                 v = float(value)
-            except (TypeError, ValueError, KeyError):
+            except (TypeError, ValueError):
                 continue
             if len(tried) < 2:
                 continue
@@ -442,7 +451,7 @@ def near_runs(v: Valley) -> list:
             for x in near(v)]
 
 
-def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> dict:
+def record(ch: Choice, key: str, better: str = "min", carried: bool = False, grid: Optional[dict] = None) -> dict:
     """One arm-rung's choice as data (``report.json``), in the metric's own direction; rates as rates."""
     v, sign = ch.valley, 1.0 if better == "min" else -1.0
 
@@ -454,7 +463,7 @@ def record(ch: Choice, key: str, better: str = "min", carried: bool = False) -> 
             "basin_width": 2 ** (v.basin[1] - v.basin[0]) if v.fitted else math.nan,
             "minimum": sign * v.m, "at_lr": sign * v.value(v.x) if v.fitted else math.nan,
             "p_fail": v.p_fail, "failure_evidence": v.evidence, "moved": v.moved, "bracketed": v.bracketed, "edge": v.edge, "stable": v.stable,
-            "slice_edges": ch.slice_edges(),
+            "slice_edges": ch.slice_edges(grid),
             "tuning_sd": v.tuning_sd, "note": v.note, "carried": carried,
             # the metric = m + a (log2 rate - c)^2 over the window of rates it was fitted on
             "valley": {"a": sign * v.a, "c": v.c, "m": sign * v.m, "window": [rate(v.window[0]), rate(v.window[1])]},

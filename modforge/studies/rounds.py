@@ -88,7 +88,8 @@ def tune(d: Design, study_dir: Path, plan: Plan, clock: StageClock) -> dict:
         if d.rule == "fit":
             v = fits[(a, r)].valley
             chosen[(a, r)] = fits[(a, r)].setting
-            edge[(a, r)] = ({} if v.bracketed or v.edge is None else {d.fit["key"]: v.edge}) | fits[(a, r)].slice_edges()
+            edge[(a, r)] = ({} if v.bracketed or v.edge is None else {d.fit["key"]: v.edge}) | \
+                fits[(a, r)].slice_edges(grids[(a, r)])
             continue
         best = tuning.choose(results, d.better, known, d.cliff)
         plain = tuning.choose(results, d.better)
@@ -222,7 +223,7 @@ def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:
             value = tuning.beyond(grids[(a, r)][key], side) if side else None
             if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][key]):
                 out[(a, r)] = [{**others, key: value}]
-            for k, side in ch.slice_edges().items():  # the chosen slice at an end of another key: a whole slice past it
+            for k, side in ch.slice_edges(grids[(a, r)]).items():  # the chosen slice at an end: a whole slice past it
                 value = tuning.beyond(grids[(a, r)][k], side)
                 if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][k]):
                     out.setdefault((a, r), []).extend({**others, k: value, key: rate}
@@ -355,7 +356,7 @@ def unbracketed(d: Design, fits: dict) -> dict:
             return (f"{role} unbracketed: its best {key} is the {'lowest' if v.edge == 'low' else 'highest'} tried "
                     f"({end:.4g}) after {d.extend} extension(s); extend study.tune.params.{key} "
                     f"{'below' if v.edge == 'low' else 'above'} it (or raise study.tune.extend)")
-        for k, side in ch.slice_edges().items():
+        for k, side in ch.slice_edges(d.grid_of(arm)).items():
             return (f"{role} unbracketed: its best {k} is the {'lowest' if side == 'low' else 'highest'} tried "
                     f"({ch.setting[k]}) after {d.extend} extension(s); extend study.tune.params.{k} "
                     f"{'below' if side == 'low' else 'above'} it (or raise study.tune.extend)")

@@ -226,7 +226,8 @@ def fits_record(d: Design, tuned: dict) -> list:
     """rule: fit: each arm-rung's fitted curve, basin, chosen rate and failure model (:func:`lrfit.record`). A rung
     whose rate ``study.carry`` predicted has no fit of its own (its entry would repeat the tuned rung's, rate
     included): the carry table gives what it ran."""
-    return [{"arm": a, "rung": r, **lrfit.record(ch, d.fit["key"], d.better, carried=r not in d.tuned_rungs_of(a))}
+    return [{"arm": a, "rung": r, **lrfit.record(ch, d.fit["key"], d.better, carried=r not in d.tuned_rungs_of(a),
+                                                 grid=d.grid_of(a))}
             for (a, r), ch in (tuned.get("fits") or {}).items()
             if not (d.carry and r not in d.tuned_rungs_of(a))]
 
