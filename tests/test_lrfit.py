@@ -265,6 +265,15 @@ def test_a_chosen_slice_at_the_longest_warm_up_is_unbracketed_extended_by_a_whol
     ch = lrfit.fit_all(curves, known, KEY, draws=0)[("residual=post", "")]
     assert ch.setting[wkey] == 500 and ch.slice_edges() == {wkey: "high"} and ch.slice_edges(grids[ar]) == {}
     assert rounds.extensions(d, curves, known, grids) == {} and rounds.unbracketed(d, lrfit.fit_all(curves, known, KEY, draws=0)) == {}
+    # a grid the runner cannot step past ([0, 500]: a geometric step from 0 gives nothing) is named as such
+    warmups = [0, 500]
+    d = design_of("x", [], {"question": "q?", "baseline": "residual=pre", "compare": ["residual=post"],
+                            "tune": {"params": {KEY: GRID, wkey: warmups}, "seeds": [1, 2], "extend": 1}})
+    curves, known = grid_runs(1000, rng)
+    fits = lrfit.fit_all(curves, known, KEY, draws=0)
+    assert {ch.setting[wkey] for ch in fits.values()} == {500}
+    assert rounds.extensions(d, curves, known, {ar: {KEY: list(GRID), wkey: [0, 500]} for ar in curves}) == {}
+    assert "the runner cannot step past it" in rounds.unbracketed(d, fits)[("residual=post", "")]
 
 
 def test_a_rate_where_a_run_failed_is_left_out_of_the_valley():

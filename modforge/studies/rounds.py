@@ -357,9 +357,14 @@ def unbracketed(d: Design, fits: dict) -> dict:
                     f"({end:.4g}) after {d.extend} extension(s); extend study.tune.params.{key} "
                     f"{'below' if v.edge == 'low' else 'above'} it (or raise study.tune.extend)")
         for k, side in ch.slice_edges(d.grid_of(arm)).items():
+            tried = sorted({o[k] for o, _ in ch.slices.values()} | set(d.grid_of(arm).get(k, ())), key=float)
+            way = (f"extend study.tune.params.{k} {'below' if side == 'low' else 'above'} it (or raise "
+                   "study.tune.extend)" if tuning.beyond(tried, side) is not None else
+                   f"the runner cannot step past it (a geometric step from {tried[0] if side == 'low' else tried[-1]} "
+                   f"and its neighbour gives no value): add a value {'below' if side == 'low' else 'above'} it to "
+                   f"study.tune.params.{k}")
             return (f"{role} unbracketed: its best {k} is the {'lowest' if side == 'low' else 'highest'} tried "
-                    f"({ch.setting[k]}) after {d.extend} extension(s); extend study.tune.params.{k} "
-                    f"{'below' if side == 'low' else 'above'} it (or raise study.tune.extend)")
+                    f"({ch.setting[k]}) after {d.extend} extension(s); {way}")
         return None
 
     out = {}
