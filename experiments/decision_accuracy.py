@@ -27,13 +27,20 @@ AMENDED = {"ladder_norms": "ladder_norms_bracket",
            "prepost_ln": "prepost_ln_bracket", "prepost_ln_bracket": "prepost_ln_refit"}
 
 
+def final(study: str) -> str:
+    """The last committed amendment of ``study`` (itself if none), along AMENDED's chain."""
+    while study in AMENDED and (RESULTS / AMENDED[study] / "study" / "report.json").exists():
+        study = AMENDED[study]
+    return study
+
+
 def reports() -> dict:
     """{study: its report} for each committed study report with verdicts at two or more rungs (a study whose
     amendment is committed: the amendment only)."""
     out = {}
     for p in sorted(RESULTS.glob("*/study/report.json")):
         study = p.parent.parent.name
-        if study in AMENDED and (RESULTS / AMENDED[study] / "study" / "report.json").exists():
+        if final(study) != study:
             continue
         rec = json.loads(p.read_text())
         if len({v["rung"] for v in rec.get("verdicts", [])}) >= 2:
@@ -112,13 +119,6 @@ def groups_table(rs: list) -> list:
 
 def pct(a: int, n: int) -> str:
     return f"{a} of {n}" + (f" ({100 * a / n:.0f}%)" if n else "")
-
-
-def final(study: str) -> str:
-    """The last committed amendment of ``study`` (itself if none), along AMENDED's chain."""
-    while study in AMENDED and (RESULTS / AMENDED[study] / "study" / "report.json").exists():
-        study = AMENDED[study]
-    return study
 
 
 def amended(rs: list) -> str:

@@ -342,6 +342,17 @@ class Choice:
     def lr(self) -> float:
         return 2 ** self.valley.x
 
+    def tried(self, k: str, grid: Optional[dict] = None) -> list:
+        """The values of the grid's key ``k`` tried (its slices', and ``grid``'s: {key: values}), sorted as
+        numbers; [] when they are not numbers (or are booleans)."""
+        values = [o.get(k) for o, _ in self.slices.values()] + list((grid or {}).get(k, ()))
+        if any(isinstance(x, bool) for x in values):
+            return []
+        try:
+            return sorted({float(x) for x in values})
+        except (TypeError, ValueError):
+            return []
+
     def slice_edges(self, grid: Optional[dict] = None) -> dict:
         """{key: "low" | "high"} for each key of the grid besides the rate (a warm-up) whose chosen value is at an
         end of the values tried (its slices', and ``grid``'s: {key: values}, so that a slice halving stopped whole
@@ -353,16 +364,10 @@ class Choice:
         here = next((o for o, v in self.slices.values() if v is self.valley), {})
         out = {}
         for k, value in here.items():
-            values = [o.get(k) for o, _ in self.slices.values()] + list((grid or {}).get(k, ()))
-            if isinstance(value, bool) or any(isinstance(x, bool) for x in values):
+            tried = self.tried(k, grid)
+            if len(tried) < 2 or isinstance(value, bool):
                 continue
-            try:
-                tried = sorted({float(x) for x in values})
-                v = float(value)
-            except (TypeError, ValueError):
-                continue
-            if len(tried) < 2:
-                continue
+            v = float(value)
             if math.isclose(v, tried[-1], rel_tol=1e-9):
                 out[k] = "high"
             elif math.isclose(v, tried[0], rel_tol=1e-9) and v != 0:

@@ -357,7 +357,7 @@ def unbracketed(d: Design, fits: dict) -> dict:
                     f"({end:.4g}) after {d.extend} extension(s); extend study.tune.params.{key} "
                     f"{'below' if v.edge == 'low' else 'above'} it (or raise study.tune.extend)")
         for k, side in ch.slice_edges(d.grid_of(arm)).items():
-            tried = sorted({o[k] for o, _ in ch.slices.values()} | set(d.grid_of(arm).get(k, ())), key=float)
+            tried = ch.tried(k, d.grid_of(arm))
             way = (f"extend study.tune.params.{k} {'below' if side == 'low' else 'above'} it (or raise "
                    "study.tune.extend)" if tuning.beyond(tried, side) is not None else
                    f"the runner cannot step past it (a geometric step from {tried[0] if side == 'low' else tried[-1]} "
