@@ -209,6 +209,12 @@ def halve(d: Design, stage: Path, cells: list, plan: Plan, clock: StageClock) ->
     return h
 
 
+def _past(values: list, side: Optional[str]) -> Optional[float]:
+    """The grid value one step past ``side``'s end of ``values``, or None (no side, no step, or tried already)."""
+    value = tuning.beyond(values, side) if side else None
+    return None if value is None or any(tuning._same(value, x) for x in values) else value
+
+
 def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:
     """{(arm, rung): [settings]}: one grid step past each edge optimum (rule: fit, also below the grid of an arm
     with no rate under its failure level, and a whole slice at the grid's rates past a chosen slice at an end of
@@ -220,12 +226,12 @@ def extensions(d: Design, curves: dict, known: dict, grids: dict) -> dict:
             v = ch.valley
             others = next((o for o, sv in ch.slices.values() if sv is v), {})
             side = "low" if not v.stable else (v.edge if not v.bracketed else None)
-            value = tuning.beyond(grids[(a, r)][key], side) if side else None
-            if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][key]):
+            value = _past(grids[(a, r)][key], side)
+            if value is not None:
                 out[(a, r)] = [{**others, key: value}]
             for k, side in ch.slice_edges(grids[(a, r)]).items():  # the chosen slice at an end: a whole slice past it
-                value = tuning.beyond(grids[(a, r)][k], side)
-                if value is not None and not any(tuning._same(value, x) for x in grids[(a, r)][k]):
+                value = _past(grids[(a, r)][k], side)
+                if value is not None:
                     out.setdefault((a, r), []).extend({**others, k: value, key: rate}
                                                       for rate in sorted(grids[(a, r)][key], key=float))
         return out
@@ -352,20 +358,19 @@ def unbracketed(d: Design, fits: dict) -> dict:
                     f"{d.fit['fail_level']:g}; {v.note or 'every run failed'}); extend study.tune.params.{key} below "
                     f"{2 ** min(x for x, _, _ in v.points):.4g}" if v.points else f"{role}: no tuning run")
         if not v.bracketed:
-            end = 2 ** v.best_x
-            return (f"{role} unbracketed: its best {key} is the {'lowest' if v.edge == 'low' else 'highest'} tried "
-                    f"({end:.4g}) after {d.extend} extension(s); extend study.tune.params.{key} "
-                    f"{'below' if v.edge == 'low' else 'above'} it (or raise study.tune.extend)")
-        for k, side in ch.slice_edges(d.grid_of(arm)).items():
-            tried = ch.tried(k, d.grid_of(arm))
-            way = (f"extend study.tune.params.{k} {'below' if side == 'low' else 'above'} it (or raise "
-                   "study.tune.extend)" if tuning.beyond(tried, side) is not None else
-                   f"the runner cannot step past it (a geometric step from {tried[0] if side == 'low' else tried[-1]} "
-                   f"and its neighbour gives no value): add a value {'below' if side == 'low' else 'above'} it to "
-                   f"study.tune.params.{k}")
-            return (f"{role} unbracketed: its best {k} is the {'lowest' if side == 'low' else 'highest'} tried "
-                    f"({ch.setting[k]}) after {d.extend} extension(s); {way}")
-        return None
+            return edge_why(role, key, v.edge, f"{2 ** v.best_x:.4g}", sorted({2 ** x for x, _, _ in v.points}))
+        k, side = next(iter(ch.slice_edges(d.grid_of(arm)).items()), (None, None))  # another key's (a warm-up's)
+        return edge_why(role, k, side, ch.setting[k], ch.tried(k, d.grid_of(arm))) if k else None
+
+    def edge_why(role: str, k: str, side: str, shown: object, tried: list) -> str:
+        """An optimum of key ``k`` at the ``side`` end of the values ``tried``, and how to bracket it."""
+        way = "below" if side == "low" else "above"
+        fix = (f"extend study.tune.params.{k} {way} it (or raise study.tune.extend)"
+               if tuning.beyond(tried, side) is not None else
+               f"the runner cannot step past it (a geometric step from {tried[0] if side == 'low' else tried[-1]} "
+               f"and its neighbour gives no value): add a value {way} it to study.tune.params.{k}")
+        return (f"{role} unbracketed: its best {k} is the {'lowest' if side == 'low' else 'highest'} tried "
+                f"({shown}) after {d.extend} extension(s); {fix}")
 
     out = {}
     for r in d.rungs:
